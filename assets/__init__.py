@@ -1,0 +1,1 @@
+"""The Dagster asset graph: one driver multi-asset per experiment, jobs, Definitions."""

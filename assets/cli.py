@@ -1,0 +1,78 @@
+"""`dagster-rl`: what the Dagster CLI does not say directly, read from the Dagster instance."""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
+
+from assets.definitions import DEFAULT_EXPERIMENTS
+from dagster_rl.experiment import Experiment, load_experiments
+
+COLUMNS = ("step", "state", "cache", "trials", "mean_reward", "success", "mean_turns", "weights_v", "attempt")
+
+
+def step_rows(instance: DagsterInstance, exp: Experiment) -> list[dict[str, str]]:
+    key = AssetKey([exp.name, "weights"])
+    rows = []
+    for step in exp.step_keys:
+        records = instance.fetch_materializations(AssetRecordsFilter(asset_key=key, asset_partitions=[step]), limit=1).records
+        if not records:
+            rows.append({"step": step, "state": "-"})
+            continue
+        md = {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
+        rows.append(
+            {
+                "step": step,
+                "state": "materialized",
+                "cache": str(md.get("cache", "")),
+                "trials": f"{md.get('n_trials')}/{md.get('n_trials_planned')}",
+                "mean_reward": f"{md.get('mean_reward', float('nan')):.3f}",
+                "success": f"{md.get('success_rate', float('nan')):.2f}",
+                "mean_turns": f"{md.get('mean_turns', float('nan')):.2f}",
+                "weights_v": str(md.get("weights_version", "")),
+                "attempt": str(md.get("attempt", "")),
+            }
+        )
+    return rows
+
+
+def format_table(rows: list[dict[str, str]]) -> str:
+    widths = {c: max(len(c), *(len(r.get(c, "")) for r in rows)) for c in COLUMNS}
+    lines = ["  ".join(c.ljust(widths[c]) for c in COLUMNS)]
+    lines += ["  ".join(r.get(c, "").ljust(widths[c]) for c in COLUMNS).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def _experiment(name: str) -> Experiment:
+    experiments = load_experiments(Path(os.environ.get("DAGSTER_RL_EXPERIMENTS", DEFAULT_EXPERIMENTS)))
+    if name not in experiments:
+        sys.exit(f"dagster-rl: no experiment named {name!r}; known: {', '.join(sorted(experiments))}")
+    return experiments[name]
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    exp = _experiment(args.experiment)
+    with DagsterInstance.get() as instance:
+        rows = step_rows(instance, exp)
+    if not args.all:
+        last = max((i for i, r in enumerate(rows) if r["state"] != "-"), default=-1)
+        rows = rows[: max(last + 2, 1)]
+    print(f"experiment {exp.name}: {sum(r['state'] != '-' for r in rows)} of {exp.n_steps} steps materialized")
+    print(format_table(rows))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="dagster-rl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    status = sub.add_parser("status", help="table of an experiment's steps, read from $DAGSTER_HOME")
+    status.add_argument("experiment")
+    status.add_argument("--all", action="store_true", help="list every step, not just up to the first missing one")
+    status.set_defaults(fn=cmd_status)
+    args = parser.parse_args(argv)
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()

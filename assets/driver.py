@@ -1,0 +1,131 @@
+"""The driver: one multi-asset per experiment that walks its partition range in step order.
+
+For each step it calls the rollout, judge and trainer environments through `run_step`, then yields
+a materialization of `<exp>/rollouts`, `<exp>/rewards` and `<exp>/weights` for that partition, so the
+UI fills in step by step. A backfill of a range is one run (`BackfillPolicy.single_run()`).
+"""
+
+from datetime import datetime, timezone
+
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    AssetMaterialization,
+    AssetSpec,
+    BackfillPolicy,
+    MetadataValue,
+    StaticPartitionsDefinition,
+    multi_asset,
+)
+
+from assets.lineage import starting_policy
+from dagster_rl.errors import DagsterRLError, SimulatedCrash
+from dagster_rl.experiment import Experiment, step_key
+from dagster_rl.step import StepResult, run_step
+from resources import ArtifactStoreResource, JudgeEnvironment, RolloutEnvironment, TrainerEnvironment
+
+CHAIN = ("rollouts", "rewards", "weights")
+
+
+def step_partitions(exp: Experiment) -> StaticPartitionsDefinition:
+    return StaticPartitionsDefinition(exp.step_keys)
+
+
+def chain_specs(exp: Experiment) -> list[AssetSpec]:
+    descriptions = {
+        "rollouts": "Trajectories of every trial of the step, generated with the previous step's weights.",
+        "rewards": "Verifier + rubric reward of every trajectory of the step, sorted by trial id.",
+        "weights": "The policy after the step's GRPO update: the step's checkpoint.",
+    }
+    specs, dep = [], None
+    for name in CHAIN:
+        specs.append(
+            AssetSpec(
+                AssetKey([exp.name, name]),
+                deps=[dep] if dep else [],
+                skippable=True,
+                group_name=exp.name,
+                description=descriptions[name],
+                metadata={"experiment": exp.name, "fork_of": exp.fork_of or ""},
+            )
+        )
+        dep = AssetKey([exp.name, name])
+    return specs
+
+
+def _run_info(context: AssetExecutionContext, store) -> dict[str, str | int]:
+    run = context.run
+    root = run.root_run_id or run.run_id
+    attempt = int(run.tags.get("dagster/retry_number", "0"))
+    record = store.put_record(f"runs/{root}", {"started_at": datetime.now(timezone.utc).isoformat()})
+    return {"attempt": attempt, "started_at": record["started_at"], "root_run_id": root}
+
+
+def step_metadata(exp: Experiment, result: StepResult, run_info: dict, asset: str) -> dict[str, MetadataValue]:
+    ref = result.refs[asset]
+    shared = {
+        "n_trials": MetadataValue.int(result.n_trials),
+        "n_trials_planned": MetadataValue.int(result.n_trials_planned),
+        "mean_reward": MetadataValue.float(result.mean_reward),
+        "mean_turns": MetadataValue.float(result.mean_turns),
+        "success_rate": MetadataValue.float(result.success_rate),
+        "weights_version": MetadataValue.int(result.weights_version),
+        "trials_executed": MetadataValue.int(result.trials_executed),
+        "judge_calls": MetadataValue.int(result.judge_calls),
+        "cache": MetadataValue.text(result.cache[asset]),
+        "behavior_policy": MetadataValue.json(result.behavior_policy),
+        "artifact_key": MetadataValue.text(ref.key),
+        "content_hash": MetadataValue.text(ref.content_hash),
+        "artifact_uri": MetadataValue.path(ref.uri),
+        "attempt": MetadataValue.int(run_info["attempt"]),
+        "started_at": MetadataValue.text(run_info["started_at"]),
+        "training_hash": MetadataValue.text(exp.training_hash()),
+        "skipped_trials": MetadataValue.int(len(result.skipped_trials)),
+    }
+    shared.update({k: MetadataValue.float(round(v, 6)) for k, v in result.timings.items()})
+    if asset == "rewards":
+        shared["rubric"] = MetadataValue.json(exp.rubric.model_dump())
+    if asset == "weights":
+        shared["groups_with_signal"] = MetadataValue.int(result.groups_with_signal)
+        shared["grad_norm"] = MetadataValue.float(result.grad_norm)
+    return shared
+
+
+def build_driver(exp: Experiment):
+    @multi_asset(
+        name=f"{exp.name}_driver",
+        specs=chain_specs(exp),
+        partitions_def=step_partitions(exp),
+        backfill_policy=BackfillPolicy.single_run(),
+        description=f"Drives the training steps of experiment {exp.name} in order. {exp.description}",
+    )
+    def driver(
+        context: AssetExecutionContext,
+        rollout: RolloutEnvironment,
+        judge: JudgeEnvironment,
+        trainer: TrainerEnvironment,
+        artifact_store: ArtifactStoreResource,
+    ):
+        steps = sorted(int(k) for k in context.partition_keys)
+        if steps != list(range(steps[0], steps[-1] + 1)):
+            raise DagsterRLError(f"a run drives a contiguous range of steps; got {[step_key(s) for s in steps]}")
+        store = artifact_store.get_store()
+        info = _run_info(context, store)
+        policy = starting_policy(context.instance, exp, steps[0], store)
+        engines = rollout.engine(), judge.engine(), trainer.engine()
+        for step in steps:
+            result, policy = run_step(exp, step, policy, store, *engines, warn=context.log.warning)
+            context.log.info(
+                f"step {step_key(step)}: {result.n_trials}/{result.n_trials_planned} trials, mean reward "
+                f"{result.mean_reward:.3f}, weights v{result.weights_version}, cache {result.cache}, attempt {info['attempt']}"
+            )
+            for asset in CHAIN:
+                yield AssetMaterialization(
+                    asset_key=AssetKey([exp.name, asset]),
+                    partition=step_key(step),
+                    metadata=step_metadata(exp, result, info, asset),
+                )
+            if step == exp.faults.crash_driver_at_step and result.cache["weights"] == "miss" and info["attempt"] == 0:
+                raise SimulatedCrash(f"driver crash after step {step_key(step)} on attempt 0 (faults.crash_driver_at_step)")
+
+    return driver

@@ -1,0 +1,44 @@
+"""How a range of steps finds the weights it starts from: the predecessor's materialization."""
+
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
+
+from dagster_rl.errors import MissingPredecessorError
+from dagster_rl.experiment import Experiment, step_key
+from dagster_rl.step import Policy, initial_policy, load_policy
+from dagster_rl.store import ArtifactStore
+
+
+def weights_key(exp: Experiment) -> AssetKey:
+    return AssetKey([exp.name, "weights"])
+
+
+def starting_policy(instance: DagsterInstance, exp: Experiment, first_step: int, store: ArtifactStore) -> Policy:
+    """Initial weights for step 0; otherwise the weights materialized for step first_step - 1."""
+    if first_step == 0:
+        return initial_policy(exp, store)
+    asset = weights_key(exp)
+    prev = step_key(first_step - 1)
+    done = instance.get_materialized_partitions(asset)
+    missing = [step_key(k) for k in range(first_step) if step_key(k) not in done]
+    if missing:
+        raise MissingPredecessorError(
+            f"step {step_key(first_step)} of {exp.name} starts from the weights of step {prev}, which are not "
+            f"materialized (steps {', '.join(missing[:8])}{'...' if len(missing) > 8 else ''} are missing). "
+            f"Run step {missing[0]} first, e.g. the range {missing[0]}...{step_key(first_step)}."
+        )
+    record = instance.fetch_materializations(AssetRecordsFilter(asset_key=asset, asset_partitions=[prev]), limit=1).records[0]
+    metadata = record.asset_materialization.metadata
+    trained_with = metadata["training_hash"].value if "training_hash" in metadata else None
+    if trained_with != exp.training_hash():
+        raise MissingPredecessorError(
+            f"the weights of step {prev} of {exp.name} were trained with other experiment settings "
+            f"(training hash {trained_with}, now {exp.training_hash()}). Re-run the range from 0000: steps whose "
+            "inputs did not change are cache hits."
+        )
+    artifact = str(metadata["artifact_key"].value)
+    if not store.exists("weights", artifact):
+        raise MissingPredecessorError(
+            f"the weights of step {prev} of {exp.name} (artifact {artifact}) are not in the artifact store at "
+            f"{store.url}; re-run the range from 0000 (what the store still holds is reused)."
+        )
+    return load_policy(store, prev, artifact)

@@ -1,0 +1,25 @@
+"""Errors that say what was wrong and what to do."""
+
+
+class DagsterRLError(Exception):
+    """Base class of every error dagster-rl raises on purpose."""
+
+
+class ExperimentError(DagsterRLError):
+    """An experiment file is invalid."""
+
+
+class MissingPredecessorError(DagsterRLError):
+    """A step was asked for before the step whose weights it needs."""
+
+
+class TooFewTrialsError(DagsterRLError):
+    """A step ended with fewer usable trials than the experiment requires."""
+
+
+class ArtifactConflictError(DagsterRLError):
+    """A different content was about to be written under an existing artifact key."""
+
+
+class SimulatedCrash(DagsterRLError):
+    """Fault injection: the driver dies after a step (experiment `faults.crash_driver_at_step`)."""

@@ -1,0 +1,36 @@
+"""Retries and time limits for one call of an environment."""
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class AttemptsExhausted(RuntimeError):
+    """A call failed on every attempt; `errors` holds what each attempt raised."""
+
+    def __init__(self, what: str, errors: list[BaseException]):
+        self.errors = errors
+        super().__init__(f"{what} failed after {len(errors)} attempt(s): {errors[-1]!r}")
+
+
+def with_retries(what: str, fn: Callable[[int], T], max_retries: int, timeout_s: float) -> T:
+    """Call fn(attempt) until it succeeds, at most 1 + max_retries times.
+
+    An in-process attempt cannot be preempted: one that returns after `timeout_s` has its result
+    discarded and counts as a failed attempt.
+    """
+    errors: list[BaseException] = []
+    for attempt in range(max_retries + 1):
+        start = time.monotonic()
+        try:
+            result = fn(attempt)
+        except Exception as e:  # noqa: BLE001 - every failure of an attempt is retried
+            errors.append(e)
+            continue
+        if time.monotonic() - start > timeout_s:
+            errors.append(TimeoutError(f"{what} took longer than {timeout_s} s"))
+            continue
+        return result
+    raise AttemptsExhausted(what, errors)

@@ -1,0 +1,1 @@
+"""The agentic sandbox world: worlds of documents, one holding the digest of the world's secret."""

@@ -1,0 +1,21 @@
+import os
+from pathlib import Path
+
+from dagster import ConfigurableResource
+from pydantic import Field
+
+from dagster_rl.store import ArtifactStore
+
+
+def default_artifact_url() -> str:
+    home = os.environ.get("DAGSTER_HOME") or str(Path.cwd() / ".dagster_home")
+    return f"file://{Path(home).resolve()}/artifacts"
+
+
+class ArtifactStoreResource(ConfigurableResource):
+    """Where artifacts live: any fsspec URL (`file:///...`, `s3://bucket/prefix`, ...)."""
+
+    url: str = Field("", description="fsspec URL; empty means $DAGSTER_HOME/artifacts")
+
+    def get_store(self) -> ArtifactStore:
+        return ArtifactStore(self.url or default_artifact_url())

@@ -1,0 +1,51 @@
+"""The rollout, judge and trainer environments, each with its own retries, timeout and concurrency."""
+
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from dagster import ConfigurableResource
+from pydantic import Field
+
+from dagster_rl.environments import InProcessTrainer, Limits, RubricJudge, SandboxRollouts
+
+
+class _Environment(ConfigurableResource):
+    max_retries: int = Field(2, ge=0, description="retries of one call (a trial, a judgement, an update)")
+    timeout_s: float = Field(60.0, gt=0, description="time limit of one attempt")
+    max_concurrency: int = Field(8, ge=1, description="calls running at once")
+
+    def limits(self) -> Limits:
+        return Limits(self.max_retries, self.timeout_s, self.max_concurrency)
+
+
+class RolloutEnvironment(_Environment):
+    """Runs trials: the sandboxed secret_search agent, in-process."""
+
+    backend: Literal["in_process"] = "in_process"
+    sandbox_root: str = Field("", description="where trial sandboxes are made; empty means the system temp dir")
+
+    def engine(self) -> SandboxRollouts:
+        root = Path(self.sandbox_root or tempfile.gettempdir()) / "dagster_rl_sandboxes"
+        return SandboxRollouts(sandbox_root=root, limits=self.limits())
+
+
+class JudgeEnvironment(_Environment):
+    """Scores trajectories: deterministic verifier plus rubric, in-process."""
+
+    backend: Literal["in_process"] = "in_process"
+
+    def engine(self) -> RubricJudge:
+        return RubricJudge(limits=self.limits())
+
+
+class TrainerEnvironment(_Environment):
+    """Runs the policy update, in-process."""
+
+    backend: Literal["in_process"] = "in_process"
+    max_retries: int = Field(0, ge=0)
+    timeout_s: float = Field(3600.0, gt=0)
+    max_concurrency: int = Field(1, ge=1)
+
+    def engine(self) -> InProcessTrainer:
+        return InProcessTrainer(limits=self.limits())
