@@ -1,0 +1,51 @@
+"""Shared fixtures: experiments written to temp dirs, a real SQLite Dagster instance per test."""
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def demo_settings(**overrides) -> dict:
+    """The demo experiment's settings, with overrides merged one level deep."""
+    raw = yaml.safe_load((REPO / "experiments" / "demo.yaml").read_text())
+    for key, value in overrides.items():
+        raw[key] = {**raw[key], **value} if isinstance(value, dict) and isinstance(raw.get(key), dict) else value
+    return raw
+
+
+def write_experiments(folder: Path, *raws: dict) -> Path:
+    """One YAML file per experiment in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for raw in raws:
+        (folder / f"{raw['name']}.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return folder
+
+
+def new_dagster_home(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "dagster.yaml").write_text((REPO / "deploy" / "dagster.local.yaml").read_text())
+    return path
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """lab(name, *experiment_settings, **resources): a fresh Dagster home, store and experiments."""
+    from tests.harness import open_lab
+
+    labs = []
+
+    def make(name: str, *raws: dict, **resources):
+        home = new_dagster_home(tmp_path / name)
+        made = open_lab(home, write_experiments(home / "experiments", *raws), **resources)
+        labs.append(made)
+        return made
+
+    yield make
+    for made in labs:
+        made.close()

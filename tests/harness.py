@@ -1,0 +1,71 @@
+"""Running ranges of steps through the real driver, in-process, against a real Dagster instance."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dagster import AssetKey, DagsterInstance, Definitions
+
+from assets.definitions import build_definitions
+from dagster_rl.experiment import Experiment, load_experiments
+from resources import ArtifactStoreResource, RolloutEnvironment
+
+CHAIN = ("rollouts", "rewards", "weights")
+
+
+@dataclass
+class Lab:
+    """One Dagster instance, one artifact store, the experiments of one folder."""
+
+    home: Path
+    experiments: dict[str, Experiment]
+    defs: Definitions
+    instance: DagsterInstance
+
+    def run(self, name: str, first: str, last: str, raise_on_error: bool = True):
+        job = self.defs.resolve_job_def(f"{name}_train")
+        return job.execute_in_process(
+            instance=self.instance,
+            tags={"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last},
+            raise_on_error=raise_on_error,
+        )
+
+    def events(self, name: str, asset: str) -> list:
+        """Materialization records of one asset, oldest first."""
+        return list(self.instance.fetch_materializations(AssetKey([name, asset]), limit=10_000, ascending=True).records)
+
+    def metadata(self, name: str, asset: str) -> dict[str, list[dict]]:
+        """partition -> metadata values of each materialization, oldest first."""
+        out: dict[str, list[dict]] = {}
+        for r in self.events(name, asset):
+            m = r.asset_materialization
+            out.setdefault(m.partition, []).append({k: v.value for k, v in m.metadata.items()})
+        return out
+
+    def latest(self, name: str, asset: str, partition: str) -> dict:
+        return self.metadata(name, asset)[partition][-1]
+
+    def store(self):
+        return self.defs.resources["artifact_store"].get_store()
+
+    def close(self) -> None:
+        self.instance.dispose()
+
+
+def open_lab(home: Path, experiments_dir: Path, **resources) -> Lab:
+    experiments = load_experiments(experiments_dir)
+    defaults = {
+        "artifact_store": ArtifactStoreResource(url=f"file://{home}/artifacts"),
+        "rollout": RolloutEnvironment(sandbox_root=str(home / "sandboxes")),
+    }
+    defs = build_definitions(experiments, {**defaults, **resources})
+    return Lab(home, experiments, defs, DagsterInstance.from_config(str(home)))
+
+
+def failure_message(result) -> str:
+    """The failed driver's error and every cause, joined: what the run's page shows."""
+    error = result.failure_data_for_node(result.job_def.nodes[0].name).error
+    parts = []
+    while error is not None:
+        parts.append(error.message)
+        error = error.cause
+    return "\n".join(parts)

@@ -1,0 +1,159 @@
+"""The driver multi-asset on a real SQLite Dagster instance: order, learning, caching, faults."""
+
+import pytest
+from dagster import FloatMetadataValue, IntMetadataValue
+
+from dagster_rl import counters
+from dagster_rl.experiment import step_key
+from resources import JudgeEnvironment, RolloutEnvironment
+from tests.conftest import demo_settings
+from tests.harness import CHAIN, failure_message
+
+STEPS = [step_key(i) for i in range(8)]
+
+
+def final_weights_bytes(lab, name: str, step: str) -> bytes:
+    key = lab.latest(name, "weights", step)["artifact_key"]
+    return lab.store().get("weights", key, "data.json")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The reference: steps 0000..0007 of the demo settings in one clean run."""
+    from tests.conftest import new_dagster_home, write_experiments
+    from tests.harness import open_lab
+
+    home = new_dagster_home(tmp_path_factory.mktemp("ref") / "home")
+    lab = open_lab(home, write_experiments(home / "experiments", demo_settings()))
+    before = counters.snapshot()
+    result = lab.run("demo", "0000", "0007")
+    lab.counted = {k: v - before.get(k, 0) for k, v in counters.snapshot().items()}
+    lab.result = result
+    yield lab
+    lab.close()
+
+
+def test_eight_steps_in_order_in_one_run_and_reward_rises(uninterrupted):
+    lab, result = uninterrupted, uninterrupted.result
+    assert result.success
+    assert len(lab.instance.get_run_records()) == 1
+    for asset in CHAIN:
+        events = lab.events("demo", asset)
+        assert [e.asset_materialization.partition for e in events] == STEPS
+        assert {e.run_id for e in events} == {result.run_id}
+    ids = {a: [e.storage_id for e in lab.events("demo", a)] for a in CHAIN}
+    for k in range(8):  # each step's three materializations land before the next step's
+        assert ids["rollouts"][k] < ids["rewards"][k] < ids["weights"][k]
+        if k < 7:
+            assert ids["weights"][k] < ids["rollouts"][k + 1]
+
+    rewards = [lab.latest("demo", "weights", s)["mean_reward"] for s in STEPS]
+    # measured: 1.23, 1.57 over the first two steps; 2.37, 2.57 over the last two
+    assert (rewards[6] + rewards[7]) / 2 > (rewards[0] + rewards[1]) / 2 + 0.5, rewards
+    last = lab.latest("demo", "weights", "0007")
+    assert last["weights_version"] == 8
+    assert last["n_trials"] == last["n_trials_planned"] == 24
+    assert last["cache"] == "miss" and last["attempt"] == 0
+    assert lab.counted["trials_executed"] == 8 * 24 and lab.counted["judge_calls"] == 8 * 24
+
+
+def test_every_step_records_the_policy_that_generated_its_rollouts(uninterrupted):
+    lab = uninterrupted
+    assert lab.latest("demo", "rollouts", "0000")["behavior_policy"]["partition"] == "initial"
+    for k in range(1, 8):
+        behavior = lab.latest("demo", "rollouts", STEPS[k])["behavior_policy"]
+        prev = lab.latest("demo", "weights", STEPS[k - 1])
+        assert behavior["partition"] == STEPS[k - 1]
+        assert behavior["content_hash"] == prev["content_hash"]
+        assert behavior["version"] == prev["weights_version"]
+    started = {lab.latest("demo", a, s)["started_at"] for a in CHAIN for s in STEPS}
+    assert len(started) == 1
+
+
+def test_numeric_metadata_draws_as_plots(uninterrupted):
+    md = uninterrupted.events("demo", "weights")[-1].asset_materialization.metadata
+    for name in ("mean_reward", "mean_turns", "success_rate", "step_s", "grad_norm"):
+        assert isinstance(md[name], FloatMetadataValue), name
+    for name in ("n_trials", "n_trials_planned", "weights_version", "attempt", "trials_executed", "judge_calls"):
+        assert isinstance(md[name], IntMetadataValue), name
+
+
+def test_second_run_of_a_finished_range_recomputes_nothing(uninterrupted):
+    lab = uninterrupted
+    before = counters.snapshot()
+    assert lab.run("demo", "0000", "0007").success
+    assert counters.read("trials_executed") == before.get("trials_executed", 0)
+    assert counters.read("judge_calls") == before.get("judge_calls", 0)
+    assert counters.read("train_calls") == before.get("train_calls", 0)
+    for asset in CHAIN:
+        for step in STEPS:
+            first, second = lab.metadata("demo", asset)[step][-2:]
+            assert second["cache"] == "hit"
+            assert second["trials_executed"] == 0 and second["judge_calls"] == 0
+            assert second["content_hash"] == first["content_hash"]
+
+
+def test_flaky_trials_and_judge_are_retried_and_change_nothing(lab, uninterrupted):
+    flaky = lab("flaky", demo_settings(faults={"flaky_trial_rate": 0.25, "judge_flake_rate": 0.3}))
+    before = counters.snapshot()
+    assert flaky.run("demo", "0000", "0007").success
+    executed = counters.read("trials_executed") - before.get("trials_executed", 0)
+    judged = counters.read("judge_calls") - before.get("judge_calls", 0)
+    # faults fire on first attempts only: ~25% of trials and ~30% of judgements ran twice
+    assert 8 * 24 * 1.1 < executed < 8 * 24 * 1.5, executed
+    assert 8 * 24 * 1.1 < judged < 8 * 24 * 1.6, judged
+    for step in STEPS:
+        assert flaky.latest("demo", "weights", step)["n_trials"] == 24
+    assert final_weights_bytes(flaky, "demo", "0007") == final_weights_bytes(uninterrupted, "demo", "0007")
+
+
+def test_a_trial_that_fails_after_its_retries_is_skipped(lab):
+    no_retries = {"rollout": RolloutEnvironment(max_retries=0), "judge": JudgeEnvironment(max_retries=0)}
+    settings = demo_settings(faults={"flaky_trial_rate": 0.25, "judge_flake_rate": 0.2}, min_trials_per_step=6)
+    flaky = lab("skips", settings, **no_retries)
+    assert flaky.run("demo", "0000", "0001").success
+    md = flaky.latest("demo", "weights", "0000")
+    assert 0 < md["n_trials"] < 24 and md["skipped_trials"] == 24 - md["n_trials"]
+    assert md["n_trials_planned"] == 24
+
+
+def test_too_few_usable_trials_fails_the_step_and_stores_nothing(lab):
+    no_retries = {"rollout": RolloutEnvironment(max_retries=0)}
+    settings = demo_settings(faults={"flaky_trial_rate": 0.6}, min_trials_per_step=20)
+    bad = lab("few", settings, **no_retries)
+    result = bad.run("demo", "0000", "0003", raise_on_error=False)
+    assert not result.success
+    message = str(failure_message(result))
+    assert "step 0000 of demo has" in message and "min_trials_per_step=20" in message
+    assert bad.metadata("demo", "weights") == {}
+    assert not (bad.home / "artifacts" / "rollouts").exists()
+
+
+def test_crash_after_step_3_resumes_at_step_4_with_identical_weights(lab, uninterrupted):
+    crashy = lab("crash", demo_settings(faults={"crash_driver_at_step": 3}))
+    first = crashy.run("demo", "0000", "0007", raise_on_error=False)
+    assert not first.success
+    assert "driver crash after step 0003" in failure_message(first)
+    assert sorted(crashy.metadata("demo", "weights")) == STEPS[:4]
+
+    before = counters.snapshot()
+    assert crashy.run("demo", "0000", "0007").success
+    for k, step in enumerate(STEPS):
+        md = crashy.latest("demo", "weights", step)
+        assert md["cache"] == ("hit" if k <= 3 else "miss"), step
+        assert md["trials_executed"] == (0 if k <= 3 else 24), step
+    assert counters.read("trials_executed") - before.get("trials_executed", 0) == 4 * 24
+    assert final_weights_bytes(crashy, "demo", "0007") == final_weights_bytes(uninterrupted, "demo", "0007")
+
+
+def test_a_step_whose_predecessor_is_missing_fails_naming_the_step_to_run(lab):
+    fresh = lab("gap", demo_settings())
+    result = fresh.run("demo", "0004", "0005", raise_on_error=False)
+    assert not result.success
+    message = failure_message(result)
+    assert "Run step 0000 first" in message
+    assert fresh.run("demo", "0000", "0001").success
+    message = failure_message(fresh.run("demo", "0004", "0005", raise_on_error=False))
+    assert "steps 0002, 0003 are missing" in message and "Run step 0002 first" in message
+    assert fresh.run("demo", "0002", "0004").success  # a range may start where the last one ended
+    assert fresh.latest("demo", "rollouts", "0002")["behavior_policy"]["partition"] == "0001"

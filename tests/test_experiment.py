@@ -1,0 +1,82 @@
+"""Experiment files: bad input fails at definition load, naming the file, the field and the reason."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from dagster_rl.errors import ExperimentError
+from dagster_rl.experiment import load_experiments
+from tests.conftest import REPO, demo_settings, write_experiments
+
+
+def load(tmp_path, *raws):
+    return load_experiments(write_experiments(tmp_path / "exp", *raws))
+
+
+@pytest.mark.parametrize(
+    ("override", "field", "reason"),
+    [
+        ({"name": "my-exp"}, "name", "should match pattern"),
+        ({"n_samples": 1}, "n_samples", "GRPO normalizes rewards within a group"),
+        ({"prompts_per_step": 0}, "prompts_per_step", "greater than or equal to 1"),
+        ({"rubric": {"tidiness": -1}}, "rubric.tidiness", "greater than or equal to 0"),
+        ({"task": {"kind": "chess"}}, "task", "does not match any of the expected tags"),
+        ({"temprature": 0.7}, "temprature", "Extra inputs are not permitted"),
+    ],
+)
+def test_invalid_settings_name_file_field_and_reason(tmp_path, override, field, reason):
+    raw = demo_settings(**override)
+    with pytest.raises(ExperimentError) as err:
+        load(tmp_path, raw)
+    message = str(err.value)
+    assert f"{raw['name']}.yaml" in message
+    assert f"field '{field}" in message
+    assert reason in message
+
+
+def test_not_yaml_is_refused_with_the_file_name(tmp_path):
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    (folder / "broken.yaml").write_text("name: [unclosed\n")
+    with pytest.raises(ExperimentError, match=r"broken\.yaml: not valid YAML"):
+        load_experiments(folder)
+
+
+def test_definition_load_fails_on_a_bad_file_with_the_reason(tmp_path):
+    folder = write_experiments(tmp_path / "exp", demo_settings(n_samples=1))
+    proc = subprocess.run(
+        [sys.executable, "-c", "import assets.definitions"],
+        cwd=REPO,
+        env={"DAGSTER_RL_EXPERIMENTS": str(folder), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode != 0
+    assert "demo.yaml: invalid experiment: field 'n_samples'" in proc.stderr
+
+
+def test_a_fork_inherits_its_parent_and_overrides_what_it_names(tmp_path):
+    fork = {"name": "demo_strict", "fork_of": "demo", "rubric": {"name": "strict", "tidiness": 1.0}}
+    exps = load(tmp_path, demo_settings(), fork)
+    parent, child = exps["demo"], exps["demo_strict"]
+    assert child.rubric.tidiness == 1.0 and child.rubric.efficiency == parent.rubric.efficiency
+    assert child.task == parent.task and child.seed == parent.seed
+    assert child.training_hash() != parent.training_hash()
+
+
+def test_a_fork_of_an_unknown_parent_is_refused(tmp_path):
+    with pytest.raises(ExperimentError, match="field 'fork_of': no experiment named 'nope'"):
+        load(tmp_path, demo_settings(name="orphan", fork_of="nope"))
+
+
+def test_two_files_with_one_name_are_refused(tmp_path):
+    folder = write_experiments(tmp_path / "exp", demo_settings())
+    (folder / "copy.yaml").write_text(yaml.safe_dump(demo_settings()))
+    with pytest.raises(ExperimentError, match="name 'demo' is already used"):
+        load_experiments(folder)
+
+
+def test_shipped_experiments_load():
+    assert "demo" in load_experiments(REPO / "experiments")
