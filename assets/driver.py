@@ -8,6 +8,9 @@ UI fills in step by step. A backfill of a range is one run (`BackfillPolicy.sing
 from datetime import datetime, timezone
 
 from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckKey,
+    AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
     AssetMaterialization,
@@ -19,7 +22,8 @@ from dagster import (
 )
 
 from assets.lineage import starting_policy
-from dagster_rl.errors import DagsterRLError, SimulatedCrash
+from dagster_rl.checks import CHECK_NAMES
+from dagster_rl.errors import CheckFailedError, DagsterRLError, SimulatedCrash
 from dagster_rl.experiment import Experiment, step_key
 from dagster_rl.step import StepResult, run_step
 from resources import ArtifactStoreResource, JudgeEnvironment, RolloutEnvironment, TrainerEnvironment
@@ -51,6 +55,26 @@ def chain_specs(exp: Experiment) -> list[AssetSpec]:
         )
         dep = AssetKey([exp.name, name])
     return specs
+
+
+CHECK_DESCRIPTIONS = {
+    "weights_finite": "Every document prior of the new weights is finite and sums to 1.",
+    "rewards_in_bounds": "Every reward of the step lies in [0, 1 + sum of the rubric's weights].",
+    "enough_usable_trials": "Usable trials / planned trials is at least the experiment's checks.min_usable_fraction.",
+}
+
+
+def check_specs(exp: Experiment) -> list[AssetCheckSpec]:
+    return [
+        AssetCheckSpec(
+            name,
+            asset=AssetKey([exp.name, "weights"]),
+            blocking=True,
+            partitions_def=step_partitions(exp),
+            description=CHECK_DESCRIPTIONS[name],
+        )
+        for name in CHECK_NAMES
+    ]
 
 
 def _run_info(context: AssetExecutionContext, store) -> dict[str, str | int]:
@@ -86,6 +110,7 @@ def step_metadata(exp: Experiment, result: StepResult, run_info: dict, asset: st
     if asset == "rewards":
         shared["rubric"] = MetadataValue.json(exp.rubric.model_dump())
     if asset == "weights":
+        shared["checks_failed"] = MetadataValue.text(",".join(c.name for c in result.checks if not c.passed))
         shared["groups_with_signal"] = MetadataValue.int(result.groups_with_signal)
         shared["grad_norm"] = MetadataValue.float(result.grad_norm)
     return shared
@@ -95,8 +120,10 @@ def build_driver(exp: Experiment):
     @multi_asset(
         name=f"{exp.name}_driver",
         specs=chain_specs(exp),
+        check_specs=check_specs(exp),
         partitions_def=step_partitions(exp),
         backfill_policy=BackfillPolicy.single_run(),
+        can_subset=True,  # makes check outputs optional: checks are reported per step as events
         description=f"Drives the training steps of experiment {exp.name} in order. {exp.description}",
     )
     def driver(
@@ -120,12 +147,42 @@ def build_driver(exp: Experiment):
                 f"{result.mean_reward:.3f}, weights v{result.weights_version}, cache {result.cache}, attempt {info['attempt']}"
             )
             for asset in CHAIN:
-                yield AssetMaterialization(
-                    asset_key=AssetKey([exp.name, asset]),
-                    partition=step_key(step),
-                    metadata=step_metadata(exp, result, info, asset),
+                if AssetKey([exp.name, asset]) in context.selected_asset_keys:
+                    yield AssetMaterialization(
+                        asset_key=AssetKey([exp.name, asset]),
+                        partition=step_key(step),
+                        metadata=step_metadata(exp, result, info, asset),
+                    )
+            failed = _report_checks(context, exp, result)
+            if failed:
+                raise CheckFailedError(
+                    f"step {step_key(step)} of {exp.name}: blocking check(s) failed, the range stops here: "
+                    + "; ".join(f"{c.name}: {c.message}" for c in failed)
                 )
             if step == exp.faults.crash_driver_at_step and result.cache["weights"] == "miss" and info["attempt"] == 0:
                 raise SimulatedCrash(f"driver crash after step {step_key(step)} on attempt 0 (faults.crash_driver_at_step)")
 
     return driver
+
+
+def _report_checks(context: AssetExecutionContext, exp: Experiment, result: StepResult) -> list:
+    """Log each selected check's evaluation on the step's partition; return the failed ones."""
+    weights = AssetKey([exp.name, "weights"])
+    failed = []
+    for check in result.checks:
+        if AssetCheckKey(weights, check.name) not in context.selected_asset_check_keys:
+            continue
+        context.log_event(
+            AssetCheckEvaluation(
+                asset_key=weights,
+                check_name=check.name,
+                passed=check.passed,
+                partition=step_key(result.step),
+                blocking=True,
+                description=check.message,
+                metadata={"value": MetadataValue.float(check.value), "message": MetadataValue.text(check.message)},
+            )
+        )
+        if not check.passed:
+            failed.append(check)
+    return failed

@@ -35,6 +35,13 @@ def starting_policy(instance: DagsterInstance, exp: Experiment, first_step: int,
             f"(training hash {trained_with}, now {exp.training_hash()}). Re-run the range from 0000: steps whose "
             "inputs did not change are cache hits."
         )
+    failed_checks = str(metadata["checks_failed"].value) if "checks_failed" in metadata else ""
+    if failed_checks:
+        raise MissingPredecessorError(
+            f"the weights of step {prev} of {exp.name} failed blocking check(s) {failed_checks}; later steps do not "
+            f"start from them. Fix the cause (see the checks of {exp.name}/weights, partition {prev}), then re-run "
+            "from the first step whose settings you changed."
+        )
     artifact = str(metadata["artifact_key"].value)
     if not store.exists("weights", artifact):
         raise MissingPredecessorError(

@@ -23,3 +23,7 @@ class ArtifactConflictError(DagsterRLError):
 
 class SimulatedCrash(DagsterRLError):
     """Fault injection: the driver dies after a step (experiment `faults.crash_driver_at_step`)."""
+
+
+class CheckFailedError(DagsterRLError):
+    """A blocking check of a step's weights failed: the range stops at that step."""

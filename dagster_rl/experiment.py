@@ -60,6 +60,12 @@ class Faults(Strict):
     judge_flake_rate: float = Field(0.0, ge=0.0, lt=1.0)
 
 
+class Checks(Strict):
+    """Thresholds of the per-step asset checks on `<exp>/weights` (blocking: a failure stops the range)."""
+
+    min_usable_fraction: float = Field(0.5, ge=0.0, le=1.0, description="usable trials / planned trials")
+
+
 class Experiment(Strict):
     name: str = Field(pattern=IDENTIFIER, description="names the asset group and the jobs")
     description: str = ""
@@ -73,6 +79,7 @@ class Experiment(Strict):
     rubric: Rubric = Rubric()
     grpo: GRPOSettings = GRPOSettings()
     faults: Faults = Faults()
+    checks: Checks = Checks()
 
     @field_validator("n_samples")
     @classmethod
@@ -91,7 +98,7 @@ class Experiment(Strict):
 
     def training_hash(self) -> str:
         """Hash of every setting that changes what the steps compute (not names, steps or faults)."""
-        return content_hash(self.model_dump(mode="json", exclude={"name", "description", "fork_of", "n_steps", "faults"}))
+        return content_hash(self.model_dump(mode="json", exclude={"name", "description", "fork_of", "n_steps", "faults", "checks"}))
 
 
 def step_key(step: int) -> str:

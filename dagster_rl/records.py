@@ -58,6 +58,7 @@ class Rollouts(Record):
 
 class Rewards(Record):
     step: int
+    rollouts_key: str
     rollouts_hash: str
     rubric: dict[str, str | float]
     rewards: list[Reward]  # sorted by trial id
@@ -70,5 +71,7 @@ class TrainStats(Record):
     groups_with_signal: int
     samples_used: int
     grad_norm: float
+    prev_weights_key: str
     prev_weights_hash: str
+    rewards_key: str
     rewards_hash: str

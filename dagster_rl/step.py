@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from dagster_rl import counters
+from dagster_rl.checks import CheckOutcome, step_checks
 from dagster_rl.environments import InProcessTrainer, RubricJudge, SandboxRollouts
 from dagster_rl.errors import TooFewTrialsError
 from dagster_rl.experiment import Experiment, step_key
@@ -63,6 +64,7 @@ class StepResult(BaseModel):
     groups_with_signal: int
     grad_norm: float
     timings: dict[str, float]
+    checks: list[CheckOutcome]
 
 
 def initial_policy(exp: Experiment, store: ArtifactStore) -> Policy:
@@ -227,6 +229,7 @@ def run_step(
         rewards_key = _rewards_key(exp, rollouts_ref.content_hash)
         rewards = Rewards(
             step=step,
+            rollouts_key=rollouts_key,
             rollouts_hash=rollouts_ref.content_hash,
             rubric=exp.rubric.model_dump(),
             rewards=_by_trial(judged),
@@ -256,7 +259,9 @@ def run_step(
             groups_with_signal=int(raw["groups_with_signal"]),
             samples_used=int(raw["samples_used"]),
             grad_norm=raw["grad_norm"],
+            prev_weights_key=policy.ref.key,
             prev_weights_hash=policy.ref.content_hash,
+            rewards_key=rewards_key,
             rewards_hash=rewards_ref.content_hash,
         )
         store.put("weights", weights_key, {DATA: canonical_json(new_weights), STATS: canonical_json(stats)})
@@ -287,6 +292,7 @@ def run_step(
         groups_with_signal=stats.groups_with_signal,
         grad_norm=stats.grad_norm,
         timings=timings,
+        checks=step_checks(exp, new_policy.weights, usable, len(specs)),
     )
     return result, new_policy
 

@@ -44,6 +44,15 @@ class Lab:
     def latest(self, name: str, asset: str, partition: str) -> dict:
         return self.metadata(name, asset)[partition][-1]
 
+    def check_evaluations(self, name: str, check: str) -> list:
+        """Evaluations of one check of `<name>/weights`, newest first."""
+        from dagster import AssetCheckKey
+
+        history = self.instance.event_log_storage.get_asset_check_execution_history(
+            AssetCheckKey(AssetKey([name, "weights"]), check), limit=1000
+        )
+        return [h.event.asset_check_evaluation for h in history if h.event and h.event.asset_check_evaluation]
+
     def store(self):
         return self.defs.resources["artifact_store"].get_store()
 

@@ -109,7 +109,9 @@ def test_flaky_trials_and_judge_are_retried_and_change_nothing(lab, uninterrupte
 
 def test_a_trial_that_fails_after_its_retries_is_skipped(lab):
     no_retries = {"rollout": RolloutEnvironment(max_retries=0), "judge": JudgeEnvironment(max_retries=0)}
-    settings = demo_settings(faults={"flaky_trial_rate": 0.25, "judge_flake_rate": 0.2}, min_trials_per_step=6)
+    settings = demo_settings(
+        faults={"flaky_trial_rate": 0.25, "judge_flake_rate": 0.2}, min_trials_per_step=6, checks={"min_usable_fraction": 0.2}
+    )
     flaky = lab("skips", settings, **no_retries)
     assert flaky.run("demo", "0000", "0001").success
     md = flaky.latest("demo", "weights", "0000")
@@ -157,3 +159,48 @@ def test_a_step_whose_predecessor_is_missing_fails_naming_the_step_to_run(lab):
     assert "steps 0002, 0003 are missing" in message and "Run step 0002 first" in message
     assert fresh.run("demo", "0002", "0004").success  # a range may start where the last one ended
     assert fresh.latest("demo", "rollouts", "0002")["behavior_policy"]["partition"] == "0001"
+
+
+def test_a_failing_blocking_check_stops_the_range_at_that_step(lab):
+    settings = demo_settings(faults={"flaky_trial_rate": 0.5}, min_trials_per_step=1, checks={"min_usable_fraction": 0.75})
+    strict = lab("checks", settings, rollout=RolloutEnvironment(max_retries=0))
+    result = strict.run("demo", "0000", "0003", raise_on_error=False)
+    assert not result.success
+    message = failure_message(result)
+    assert "step 0000 of demo: blocking check(s) failed, the range stops here: enough_usable_trials:" in message
+    assert sorted(strict.metadata("demo", "weights")) == ["0000"]  # materialized, checked, nothing after it
+    assert strict.latest("demo", "weights", "0000")["checks_failed"] == "enough_usable_trials"
+    evaluations = {n: strict.check_evaluations("demo", n) for n in ("weights_finite", "rewards_in_bounds", "enough_usable_trials")}
+    assert {n: len(e) for n, e in evaluations.items()} == dict.fromkeys(evaluations, 1)
+    evaluations = {n: e[0] for n, e in evaluations.items()}
+    assert evaluations["weights_finite"].passed and evaluations["rewards_in_bounds"].passed
+    assert not evaluations["enough_usable_trials"].passed and evaluations["enough_usable_trials"].partition == "0000"
+    # the next step refuses to start from weights that failed a blocking check
+    later = failure_message(strict.run("demo", "0001", "0001", raise_on_error=False))
+    assert "failed blocking check(s) enough_usable_trials" in later
+
+
+def test_checks_pass_on_every_step_of_a_clean_run(uninterrupted):
+    for name in ("weights_finite", "rewards_in_bounds", "enough_usable_trials"):
+        evaluations = uninterrupted.check_evaluations("demo", name)
+        assert all(e.passed for e in evaluations), name
+        assert set(STEPS) <= {e.partition for e in evaluations}, name
+
+
+def test_a_rubric_only_fork_reuses_step_0_rollouts_and_regenerates_after(lab, uninterrupted):
+    fork = {"name": "demo_tidy", "fork_of": "demo", "rubric": {"name": "tidy", "tidiness": 1.0}}
+    shared_store = uninterrupted.defs.resources["artifact_store"]
+    forked = lab("fork", demo_settings(), fork, artifact_store=shared_store)
+    before = counters.snapshot()
+    assert forked.run("demo_tidy", "0000", "0002").success
+    zero = forked.latest("demo_tidy", "rollouts", "0000")
+    assert zero["cache"] == "hit" and zero["trials_executed"] == 0
+    assert zero["content_hash"] == uninterrupted.latest("demo", "rollouts", "0000")["content_hash"]
+    assert forked.latest("demo_tidy", "rewards", "0000")["cache"] == "miss"  # re-judged with the new rubric
+    assert forked.latest("demo_tidy", "rewards", "0000")["judge_calls"] == 24
+    assert forked.latest("demo_tidy", "weights", "0000")["cache"] == "miss"
+    for step in ("0001", "0002"):  # new weights, so new rollouts
+        assert forked.latest("demo_tidy", "rollouts", step)["cache"] == "miss"
+        assert forked.latest("demo_tidy", "rollouts", step)["trials_executed"] == 24
+    assert counters.read("trials_executed") - before.get("trials_executed", 0) == 2 * 24
+    assert forked.latest("demo_tidy", "rewards", "0000")["rubric"]["tidiness"] == 1.0
