@@ -1,6 +1,7 @@
 """`dagster-rl`: what the Dagster CLI does not say directly, read from the Dagster instance."""
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -8,7 +9,9 @@ from pathlib import Path
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from assets.definitions import DEFAULT_EXPERIMENTS
-from dagster_rl.experiment import Experiment, load_experiments
+from dagster_rl.experiment import Experiment, load_experiments, step_key
+from dagster_rl.lineage import trace
+from dagster_rl.store import ArtifactStore
 
 COLUMNS = ("step", "state", "cache", "trials", "mean_reward", "success", "mean_turns", "weights_v", "attempt")
 
@@ -63,6 +66,41 @@ def cmd_status(args: argparse.Namespace) -> None:
     print(format_table(rows))
 
 
+def cmd_lineage(args: argparse.Namespace) -> None:
+    exp = _experiment(args.experiment)
+    step = step_key(int(args.step))
+    with DagsterInstance.get() as instance:
+        records = instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=AssetKey([exp.name, "weights"]), asset_partitions=[step]), limit=1
+        ).records
+    if not records:
+        sys.exit(f"dagster-rl: {exp.name}/weights has no materialization for step {step}; run it first")
+    md = records[0].asset_materialization.metadata
+    uri, key = str(md["artifact_uri"].value), str(md["artifact_key"].value)
+    store = ArtifactStore(uri[: -len(f"/weights/{key}")])
+    chain = trace(store, key)
+    if args.json:
+        print(json.dumps([dict(s.model_dump(), seeds_hash=s.seeds_hash) for s in chain], indent=2))
+        return
+    print(f"lineage of {exp.name}/weights {step} (artifacts in {store.url}, experiment seed {exp.seed})")
+    for s in chain:
+        b = s.behavior_policy
+        print(f"step {step_key(s.step)}  weights v{s.weights_version} {s.weights_hash[:16]} (key {s.weights_key[:16]})")
+        print(f"  <- rewards  {s.rewards_hash[:16]}  rubric {s.rubric.get('name')} {_rubric_weights(s.rubric)}")
+        print(f"  <- rollouts {s.rollouts_hash[:16]}  {s.n_trajectories} trajectories, {len(s.skipped)} skipped, "
+              f"seeds {s.seeds_hash[:16]} ({_seed_span(s.seeds)})")
+        print(f"  <- behavior policy: weights {b['partition']} v{b['version']} {str(b['content_hash'])[:16]}")
+
+
+def _rubric_weights(rubric: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in rubric.items() if k != "name")
+
+
+def _seed_span(seeds: dict[str, int]) -> str:
+    ids = sorted(seeds)
+    return f"{ids[0]}={seeds[ids[0]]} .. {ids[-1]}={seeds[ids[-1]]}" if ids else "none"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="dagster-rl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -70,6 +108,11 @@ def main(argv: list[str] | None = None) -> None:
     status.add_argument("experiment")
     status.add_argument("--all", action="store_true", help="list every step, not just up to the first missing one")
     status.set_defaults(fn=cmd_status)
+    lineage = sub.add_parser("lineage", help="trace a step's weights back to step 0 through every behavior policy")
+    lineage.add_argument("experiment")
+    lineage.add_argument("step", help="step number, e.g. 7 or 0007")
+    lineage.add_argument("--json", action="store_true", help="everything, every trial seed included, as JSON")
+    lineage.set_defaults(fn=cmd_lineage)
     args = parser.parse_args(argv)
     args.fn(args)
 

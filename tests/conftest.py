@@ -49,3 +49,19 @@ def lab(tmp_path):
     yield make
     for made in labs:
         made.close()
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory):
+    """The reference: steps 0000..0007 of the demo settings in one clean run."""
+    from dagster_rl import counters
+    from tests.harness import open_lab
+
+    home = new_dagster_home(tmp_path_factory.mktemp("ref") / "home")
+    lab = open_lab(home, write_experiments(home / "experiments", demo_settings()))
+    before = counters.snapshot()
+    result = lab.run("demo", "0000", "0007")
+    lab.counted = {k: v - before.get(k, 0) for k, v in counters.snapshot().items()}
+    lab.result = result
+    yield lab
+    lab.close()

@@ -17,22 +17,6 @@ def final_weights_bytes(lab, name: str, step: str) -> bytes:
     return lab.store().get("weights", key, "data.json")
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """The reference: steps 0000..0007 of the demo settings in one clean run."""
-    from tests.conftest import new_dagster_home, write_experiments
-    from tests.harness import open_lab
-
-    home = new_dagster_home(tmp_path_factory.mktemp("ref") / "home")
-    lab = open_lab(home, write_experiments(home / "experiments", demo_settings()))
-    before = counters.snapshot()
-    result = lab.run("demo", "0000", "0007")
-    lab.counted = {k: v - before.get(k, 0) for k, v in counters.snapshot().items()}
-    lab.result = result
-    yield lab
-    lab.close()
-
-
 def test_eight_steps_in_order_in_one_run_and_reward_rises(uninterrupted):
     lab, result = uninterrupted, uninterrupted.result
     assert result.success
