@@ -9,7 +9,8 @@ from pathlib import Path
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from assets.definitions import DEFAULT_EXPERIMENTS
-from dagster_rl.experiment import Experiment, load_experiments, step_key
+from dagster_rl.experiment import ExperimentBase as Experiment
+from dagster_rl.experiment import load_experiments, step_key
 from dagster_rl.lineage import trace
 from dagster_rl.store import ArtifactStore
 
@@ -33,7 +34,7 @@ def step_rows(instance: DagsterInstance, exp: Experiment) -> list[dict[str, str]
                 "trials": f"{md.get('n_trials')}/{md.get('n_trials_planned')}",
                 "mean_reward": f"{md.get('mean_reward', float('nan')):.3f}",
                 "success": f"{md.get('success_rate', float('nan')):.2f}",
-                "mean_turns": f"{md.get('mean_turns', float('nan')):.2f}",
+                "mean_turns": f"{md['mean_turns']:.2f}" if "mean_turns" in md else "",
                 "weights_v": str(md.get("weights_version", "")),
                 "attempt": str(md.get("attempt", "")),
             }

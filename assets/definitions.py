@@ -6,7 +6,8 @@ from pathlib import Path
 from dagster import AssetSelection, Definitions, define_asset_job
 
 from assets.driver import build_driver
-from dagster_rl.experiment import Experiment, load_experiments
+from dagster_rl.experiment import ExperimentBase as Experiment
+from dagster_rl.experiment import load_experiments
 from resources import ArtifactStoreResource, JudgeEnvironment, RolloutEnvironment, TrainerEnvironment
 
 DEFAULT_EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"

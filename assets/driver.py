@@ -26,8 +26,9 @@ from dagster import (
 from assets.lineage import starting_policy
 from dagster_rl.checks import CHECK_NAMES
 from dagster_rl.errors import CheckFailedError, DagsterRLError, SimulatedCrash
-from dagster_rl.experiment import Experiment, step_key
-from dagster_rl.step import StepResult, run_step
+from dagster_rl.experiment import ExperimentBase as Experiment
+from dagster_rl.experiment import step_key
+from dagster_rl.loop import Engines, StepResult, loop_for
 from resources import ArtifactStoreResource, JudgeEnvironment, RolloutEnvironment, TrainerEnvironment
 
 CHAIN = ("rollouts", "rewards", "weights")
@@ -99,7 +100,6 @@ def step_metadata(exp: Experiment, result: StepResult, run_info: dict, asset: st
         "n_trials": MetadataValue.int(result.n_trials),
         "n_trials_planned": MetadataValue.int(result.n_trials_planned),
         "mean_reward": MetadataValue.float(result.mean_reward),
-        "mean_turns": MetadataValue.float(result.mean_turns),
         "success_rate": MetadataValue.float(result.success_rate),
         "weights_version": MetadataValue.int(result.weights_version),
         "trials_executed": MetadataValue.int(result.trials_executed),
@@ -114,13 +114,12 @@ def step_metadata(exp: Experiment, result: StepResult, run_info: dict, asset: st
         "training_hash": MetadataValue.text(exp.training_hash()),
         "skipped_trials": MetadataValue.int(len(result.skipped_trials)),
     }
+    shared.update({k: MetadataValue.float(v) for k, v in result.metrics.items()})
     shared.update({k: MetadataValue.float(round(v, 6)) for k, v in result.timings.items()})
     if asset == "rewards":
         shared["rubric"] = MetadataValue.json(exp.rubric.model_dump())
     if asset == "weights":
         shared["checks_failed"] = MetadataValue.text(",".join(c.name for c in result.checks if not c.passed))
-        shared["groups_with_signal"] = MetadataValue.int(result.groups_with_signal)
-        shared["grad_norm"] = MetadataValue.float(result.grad_norm)
     return shared
 
 
@@ -146,10 +145,11 @@ def build_driver(exp: Experiment):
             raise DagsterRLError(f"a run drives a contiguous range of steps; got {[step_key(s) for s in steps]}")
         store = artifact_store.get_store()
         info = _run_info(context, store)
-        policy = starting_policy(context.instance, exp, steps[0], store)
-        engines = rollout.engine(), judge.engine(), trainer.engine()
-        for step in steps:
-            result, policy = run_step(exp, step, policy, store, *engines, warn=context.log.warning)
+        loop = loop_for(exp)
+        policy = starting_policy(context.instance, exp, steps[0], store, loop)
+        engines = Engines(rollout.engine(exp), judge.engine(exp), trainer.engine(exp))
+        for result in loop.iter_steps(exp, steps, policy, store, engines, context.log.warning):
+            step = result.step
             context.log.info(
                 f"step {step_key(step)}: {result.n_trials}/{result.n_trials_planned} trials, mean reward "
                 f"{result.mean_reward:.3f}, weights v{result.weights_version}, cache {result.cache}, attempt {info['attempt']}"

@@ -20,7 +20,7 @@ from dagster import DagsterInstance  # noqa: E402
 from assets.definitions import build_definitions  # noqa: E402
 from dagster_rl.environments import InProcessTrainer, RubricJudge, SandboxRollouts  # noqa: E402
 from dagster_rl.experiment import load_experiments, step_key  # noqa: E402
-from dagster_rl.step import initial_policy, run_step  # noqa: E402
+from dagster_rl.secret_search.loop import initial_policy, run_step  # noqa: E402
 from dagster_rl.store import ArtifactStore  # noqa: E402
 from resources import ArtifactStoreResource, RolloutEnvironment  # noqa: E402
 

@@ -4,7 +4,7 @@ import math
 
 from pydantic import BaseModel
 
-from dagster_rl.experiment import Experiment
+from dagster_rl.experiment import SecretSearchExperiment as Experiment
 from dagster_rl.records import Reward, TabularWeights
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dagster_rl import counters
-from dagster_rl.experiment import Experiment
+from dagster_rl.experiment import SecretSearchExperiment as Experiment
 from dagster_rl.faults import maybe_fail
 from dagster_rl.records import Reward, TabularWeights, Trajectory, TrialSpec
 from dagster_rl.retries import with_retries

@@ -6,7 +6,7 @@ asset group but shares the artifact cache, since artifacts are keyed by content,
 """
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -29,9 +29,6 @@ class SecretSearchTask(Strict):
     n_docs: int = Field(8, ge=2, le=1000)
     max_turns: int = Field(4, ge=1)
     scratch_rate: float = Field(0.3, ge=0.0, le=1.0, description="chance an agent leaves a scratch file")
-
-
-Task = Annotated[SecretSearchTask, Field(discriminator="kind")]
 
 
 class Rubric(Strict):
@@ -66,7 +63,9 @@ class Checks(Strict):
     min_usable_fraction: float = Field(0.5, ge=0.0, le=1.0, description="usable trials / planned trials")
 
 
-class Experiment(Strict):
+class ExperimentBase(Strict):
+    """What every experiment has, whatever its task."""
+
     name: str = Field(pattern=IDENTIFIER, description="names the asset group and the jobs")
     description: str = ""
     fork_of: str | None = Field(None, pattern=IDENTIFIER)
@@ -75,9 +74,6 @@ class Experiment(Strict):
     prompts_per_step: int = Field(ge=1)
     n_samples: int = Field(description="samples per prompt: the GRPO group size")
     min_trials_per_step: int = Field(1, ge=1)
-    task: Task
-    rubric: Rubric = Rubric()
-    grpo: GRPOSettings = GRPOSettings()
     faults: Faults = Faults()
     checks: Checks = Checks()
 
@@ -89,6 +85,10 @@ class Experiment(Strict):
         return v
 
     @property
+    def kind(self) -> str:
+        return self.task.kind  # type: ignore[attr-defined]
+
+    @property
     def n_trials_planned(self) -> int:
         return self.prompts_per_step * self.n_samples
 
@@ -97,8 +97,26 @@ class Experiment(Strict):
         return [step_key(i) for i in range(self.n_steps)]
 
     def training_hash(self) -> str:
-        """Hash of every setting that changes what the steps compute (not names, steps or faults)."""
+        """Hash of every setting that changes what the steps compute (not names, steps, faults or checks)."""
         return content_hash(self.model_dump(mode="json", exclude={"name", "description", "fork_of", "n_steps", "faults", "checks"}))
+
+
+class SecretSearchExperiment(ExperimentBase):
+    """The agentic loop: sandboxed episodes, verifier + rubric judge, tabular document priors."""
+
+    task: SecretSearchTask
+    rubric: Rubric = Rubric()
+    grpo: GRPOSettings = GRPOSettings()
+
+
+EXPERIMENT_KINDS: dict[str, type[ExperimentBase]] = {"secret_search": SecretSearchExperiment}
+
+
+def _kind_of(raw: Any) -> str | None:
+    if isinstance(raw, ExperimentBase):
+        return raw.kind
+    task = raw.get("task") if isinstance(raw, dict) else None
+    return task.get("kind") if isinstance(task, dict) else None
 
 
 def step_key(step: int) -> str:
@@ -122,22 +140,32 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _validate(path: Path, raw: dict[str, Any]) -> Experiment:
+def parse_experiment(raw: dict[str, Any]) -> ExperimentBase:
+    """Validate settings against the experiment class of their `task.kind`."""
+    kind = _kind_of(raw)
+    if kind not in EXPERIMENT_KINDS:
+        raise ValueError(f"field 'task.kind': {kind!r} is not a task kind; use one of {sorted(EXPERIMENT_KINDS)}")
+    return EXPERIMENT_KINDS[kind].model_validate(raw)
+
+
+def _validate(path: Path, raw: dict[str, Any]) -> ExperimentBase:
     try:
-        return Experiment.model_validate(raw)
+        return parse_experiment(raw)
     except ValidationError as e:
         problems = "; ".join(
             f"field '{'.'.join(str(p) for p in err['loc']) or '<root>'}': {err['msg']}" for err in e.errors()
         )
         raise ExperimentError(f"{path}: invalid experiment: {problems}") from None
+    except ValueError as e:
+        raise ExperimentError(f"{path}: invalid experiment: {e}") from None
 
 
-def load_experiment(path: Path) -> Experiment:
+def load_experiment(path: Path) -> ExperimentBase:
     """Load one experiment file that is not a fork."""
     return _validate(path, _read_yaml(path))
 
 
-def load_experiments(directory: Path) -> dict[str, Experiment]:
+def load_experiments(directory: Path) -> dict[str, ExperimentBase]:
     """Every `*.yaml` in `directory`, forks resolved against their parents, keyed by name."""
     raws = {p: _read_yaml(p) for p in sorted(directory.glob("*.yaml"))}
     by_name: dict[str, tuple[Path, dict[str, Any]]] = {}

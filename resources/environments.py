@@ -7,6 +7,7 @@ from typing import Literal
 from dagster import ConfigurableResource
 from pydantic import Field
 
+from dagster_rl.experiment import ExperimentBase
 from dagster_rl.environments import InProcessTrainer, Limits, RubricJudge, SandboxRollouts
 
 
@@ -25,7 +26,7 @@ class RolloutEnvironment(_Environment):
     backend: Literal["in_process"] = "in_process"
     sandbox_root: str = Field("", description="where trial sandboxes are made; empty means the system temp dir")
 
-    def engine(self) -> SandboxRollouts:
+    def engine(self, exp: ExperimentBase) -> SandboxRollouts:
         root = Path(self.sandbox_root or tempfile.gettempdir()) / "dagster_rl_sandboxes"
         return SandboxRollouts(sandbox_root=root, limits=self.limits())
 
@@ -35,7 +36,7 @@ class JudgeEnvironment(_Environment):
 
     backend: Literal["in_process"] = "in_process"
 
-    def engine(self) -> RubricJudge:
+    def engine(self, exp: ExperimentBase) -> RubricJudge:
         return RubricJudge(limits=self.limits())
 
 
@@ -47,5 +48,5 @@ class TrainerEnvironment(_Environment):
     timeout_s: float = Field(3600.0, gt=0)
     max_concurrency: int = Field(1, ge=1)
 
-    def engine(self) -> InProcessTrainer:
+    def engine(self, exp: ExperimentBase) -> InProcessTrainer:
         return InProcessTrainer(limits=self.limits())

@@ -6,7 +6,8 @@ from pathlib import Path
 from dagster import AssetKey, DagsterInstance, Definitions
 
 from assets.definitions import build_definitions
-from dagster_rl.experiment import Experiment, load_experiments
+from dagster_rl.experiment import ExperimentBase as Experiment
+from dagster_rl.experiment import load_experiments
 from resources import ArtifactStoreResource, RolloutEnvironment
 
 CHAIN = ("rollouts", "rewards", "weights")

@@ -22,7 +22,7 @@ def load(tmp_path, *raws):
         ({"n_samples": 1}, "n_samples", "GRPO normalizes rewards within a group"),
         ({"prompts_per_step": 0}, "prompts_per_step", "greater than or equal to 1"),
         ({"rubric": {"tidiness": -1}}, "rubric.tidiness", "greater than or equal to 0"),
-        ({"task": {"kind": "chess"}}, "task", "does not match any of the expected tags"),
+        ({"task": {"kind": "chess"}}, "task.kind", "'chess' is not a task kind"),
         ({"temprature": 0.7}, "temprature", "Extra inputs are not permitted"),
     ],
 )

@@ -7,10 +7,10 @@ from dagster_rl.secret_search.agent import run_agent
 from dagster_rl.secret_search.judge import judge, verify
 from dagster_rl.secret_search.world import DIGEST_PREFIX, build_world, secret_digest, secret_doc
 from dagster_rl.experiment import Rubric
-from dagster_rl.step import ensure_worlds
+from dagster_rl.secret_search.loop import ensure_worlds
 from dagster_rl.store import ArtifactStore
 from tests.conftest import demo_settings
-from dagster_rl.experiment import Experiment
+from dagster_rl.experiment import parse_experiment
 
 
 def test_world_holds_the_digest_in_exactly_one_document_and_never_the_secret():
@@ -22,7 +22,7 @@ def test_world_holds_the_digest_in_exactly_one_document_and_never_the_secret():
 
 
 def test_sandbox_writes_never_reach_the_world_or_another_trial(tmp_path):
-    exp = Experiment.model_validate(demo_settings(task={"scratch_rate": 1.0, "max_turns": 8}))
+    exp = parse_experiment(demo_settings(task={"scratch_rate": 1.0, "max_turns": 8}))
     store = ArtifactStore(f"file://{tmp_path}/store")
     worlds = ensure_worlds(exp, store)
     world_ref, world_files = worlds["w0"]

@@ -1,7 +1,7 @@
-"""One training step of the secret_search loop, cached by content: generate, judge, train.
+"""The secret_search training loop, one step at a time, cached by content: generate, judge, train.
 
-`run_step` is what the Dagster driver calls for every partition and what a plain Python loop calls
-in the benchmark. Every artifact is stored under a key that hashes its code version, the settings
+`run_step` is what the Dagster driver calls (through `SecretSearchLoop.iter_steps`) for every
+partition and what a plain Python loop calls in the benchmark. Every artifact is stored under a key that hashes its code version, the settings
 that affect it and the content hashes of its inputs; a key that exists is loaded, not recomputed.
 """
 
@@ -9,15 +9,15 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
-
-from pydantic import BaseModel
+from collections.abc import Iterator
 
 from dagster_rl import counters
-from dagster_rl.checks import CheckOutcome, step_checks
+from dagster_rl.checks import step_checks
 from dagster_rl.environments import InProcessTrainer, RubricJudge, SandboxRollouts
 from dagster_rl.errors import TooFewTrialsError
-from dagster_rl.experiment import Experiment, step_key
+from dagster_rl.experiment import SecretSearchExperiment as Experiment
+from dagster_rl.experiment import step_key
+from dagster_rl.loop import Engines, Policy, StepResult, Warn
 from dagster_rl.hashing import cache_key, canonical_json, seed_of
 from dagster_rl.records import Reward, Rewards, Rollouts, TabularWeights, Trajectory, TrainStats, TrialSpec
 from dagster_rl.retries import AttemptsExhausted
@@ -35,49 +35,18 @@ STATS = "stats.json"
 log = logging.getLogger("dagster_rl")
 
 
-@dataclass(frozen=True)
-class Policy:
-    """The weights a step starts from, and where they came from."""
-
-    partition: str  # "initial" or the step key that produced them
-    ref: ArtifactRef
-    weights: TabularWeights
-
-    def lineage(self) -> dict[str, str | int]:
-        return {"partition": self.partition, "key": self.ref.key, "content_hash": self.ref.content_hash, "version": self.weights.version}
-
-
-class StepResult(BaseModel):
-    step: int
-    n_trials: int
-    n_trials_planned: int
-    mean_reward: float
-    mean_turns: float
-    success_rate: float
-    weights_version: int
-    cache: dict[str, str]  # asset -> hit | miss
-    refs: dict[str, ArtifactRef]
-    behavior_policy: dict[str, str | int]
-    skipped_trials: list[str]
-    trials_executed: int
-    judge_calls: int
-    groups_with_signal: int
-    grad_norm: float
-    timings: dict[str, float]
-    checks: list[CheckOutcome]
-
-
 def initial_policy(exp: Experiment, store: ArtifactStore) -> Policy:
     """Uniform priors: deterministic, so step 0's inputs hash the same in every run."""
     weights = TabularWeights(
         version=0, doc_prior={w: uniform(exp.task.n_docs) for w in world_ids(exp.task.n_worlds)}
     )
     key = cache_key("weights", CODE_VERSIONS["initial"], task=exp.task)
-    return Policy("initial", store.put_model("weights", key, weights), weights)
+    return Policy("initial", store.put_model("weights", key, weights), weights, weights.version)
 
 
 def load_policy(store: ArtifactStore, partition: str, key: str) -> Policy:
-    return Policy(partition, store.ref("weights", key), store.get_model("weights", key, TabularWeights))
+    weights = store.get_model("weights", key, TabularWeights)
+    return Policy(partition, store.ref("weights", key), weights, weights.version)
 
 
 def ensure_worlds(exp: Experiment, store: ArtifactStore) -> dict[str, tuple[ArtifactRef, dict[str, bytes]]]:
@@ -276,7 +245,6 @@ def run_step(
         n_trials=len(usable),
         n_trials_planned=len(specs),
         mean_reward=_mean([r.reward for r in usable]),
-        mean_turns=_mean([float(by_trial[r.trial_id].turns) for r in usable]),
         success_rate=_mean([float(r.verified) for r in usable]),
         weights_version=new_policy.weights.version,
         cache=cache,
@@ -289,8 +257,11 @@ def run_step(
         skipped_trials=rewards.skipped,
         trials_executed=after.get("trials_executed", 0) - before.get("trials_executed", 0),
         judge_calls=after.get("judge_calls", 0) - before.get("judge_calls", 0),
-        groups_with_signal=stats.groups_with_signal,
-        grad_norm=stats.grad_norm,
+        metrics={
+            "mean_turns": _mean([float(by_trial[r.trial_id].turns) for r in usable]),
+            "groups_with_signal": float(stats.groups_with_signal),
+            "grad_norm": stats.grad_norm,
+        },
         timings=timings,
         checks=step_checks(exp, new_policy.weights, usable, len(specs)),
     )
@@ -303,3 +274,20 @@ def _rewards_key(exp: Experiment, rollouts_hash: str) -> str:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+class SecretSearchLoop:
+    """Steps run one after another: the tabular update is instant, there is nothing to overlap."""
+
+    def initial_policy(self, exp: Experiment, store: ArtifactStore) -> Policy:
+        return initial_policy(exp, store)
+
+    def load_policy(self, exp: Experiment, store: ArtifactStore, partition: str, key: str) -> Policy:
+        return load_policy(store, partition, key)
+
+    def iter_steps(
+        self, exp: Experiment, steps: list[int], policy: Policy, store: ArtifactStore, engines: Engines, warn: Warn
+    ) -> Iterator[StepResult]:
+        for step in steps:
+            result, policy = run_step(exp, step, policy, store, engines.rollout, engines.judge, engines.trainer, warn)
+            yield result
