@@ -140,37 +140,57 @@ def build_driver(exp: Experiment):
         trainer: TrainerEnvironment,
         artifact_store: ArtifactStoreResource,
     ):
-        steps = sorted(int(k) for k in context.partition_keys)
-        if steps != list(range(steps[0], steps[-1] + 1)):
-            raise DagsterRLError(f"a run drives a contiguous range of steps; got {[step_key(s) for s in steps]}")
-        store = artifact_store.get_store()
-        info = _run_info(context, store)
-        loop = loop_for(exp)
-        policy = starting_policy(context.instance, exp, steps[0], store, loop)
-        engines = Engines(rollout.engine(exp), judge.engine(exp), trainer.engine(exp))
-        for result in loop.iter_steps(exp, steps, policy, store, engines, context.log.warning):
-            step = result.step
-            context.log.info(
-                f"step {step_key(step)}: {result.n_trials}/{result.n_trials_planned} trials, mean reward "
-                f"{result.mean_reward:.3f}, weights v{result.weights_version}, cache {result.cache}, attempt {info['attempt']}"
-            )
-            for asset in CHAIN:
-                if AssetKey([exp.name, asset]) in context.selected_asset_keys:
-                    yield AssetMaterialization(
-                        asset_key=AssetKey([exp.name, asset]),
-                        partition=step_key(step),
-                        metadata=step_metadata(exp, result, info, asset),
-                    )
-            failed = _report_checks(context, exp, result)
-            if failed:
-                raise CheckFailedError(
-                    f"step {step_key(step)} of {exp.name}: blocking check(s) failed, the range stops here: "
-                    + "; ".join(f"{c.name}: {c.message}" for c in failed)
-                )
-            if step == exp.faults.crash_driver_at_step and result.cache["weights"] == "miss" and info["attempt"] == 0:
-                raise SimulatedCrash(f"driver crash after step {step_key(step)} on attempt 0 (faults.crash_driver_at_step)")
+        try:
+            yield from _drive(context, exp, rollout, judge, trainer, artifact_store)
+        except DagsterRLError as e:
+            if not e.retryable:  # a run retry would fail the same way: tell the daemon not to retry
+                context.instance.add_run_tags(context.run_id, {NO_RETRY_TAG: "false"})
+            raise
 
     return driver
+
+
+NO_RETRY_TAG = "dagster/retry_on_asset_or_op_failure"
+
+
+def _drive(
+    context: AssetExecutionContext,
+    exp: Experiment,
+    rollout: RolloutEnvironment,
+    judge: JudgeEnvironment,
+    trainer: TrainerEnvironment,
+    artifact_store: ArtifactStoreResource,
+):
+    """Walk the run's range of steps in order; yield each step's materializations as it ends."""
+    steps = sorted(int(k) for k in context.partition_keys)
+    if steps != list(range(steps[0], steps[-1] + 1)):
+        raise DagsterRLError(f"a run drives a contiguous range of steps; got {[step_key(s) for s in steps]}")
+    store = artifact_store.get_store()
+    info = _run_info(context, store)
+    loop = loop_for(exp)
+    policy = starting_policy(context.instance, exp, steps[0], store, loop)
+    engines = Engines(rollout.engine(exp), judge.engine(exp), trainer.engine(exp))
+    for result in loop.iter_steps(exp, steps, policy, store, engines, context.log.warning):
+        step = result.step
+        context.log.info(
+            f"step {step_key(step)}: {result.n_trials}/{result.n_trials_planned} trials, mean reward "
+            f"{result.mean_reward:.3f}, weights v{result.weights_version}, cache {result.cache}, attempt {info['attempt']}"
+        )
+        for asset in CHAIN:
+            if AssetKey([exp.name, asset]) in context.selected_asset_keys:
+                yield AssetMaterialization(
+                    asset_key=AssetKey([exp.name, asset]),
+                    partition=step_key(step),
+                    metadata=step_metadata(exp, result, info, asset),
+                )
+        failed = _report_checks(context, exp, result)
+        if failed:
+            raise CheckFailedError(
+                f"step {step_key(step)} of {exp.name}: blocking check(s) failed, the range stops here: "
+                + "; ".join(f"{c.name}: {c.message}" for c in failed)
+            )
+        if step == exp.faults.crash_driver_at_step and result.cache["weights"] == "miss" and info["attempt"] == 0:
+            raise SimulatedCrash(f"driver crash after step {step_key(step)} on attempt 0 (faults.crash_driver_at_step)")
 
 
 def _report_checks(context: AssetExecutionContext, exp: Experiment, result: StepResult) -> list:

@@ -4,6 +4,8 @@
 class DagsterRLError(Exception):
     """Base class of every error dagster-rl raises on purpose."""
 
+    retryable = True  # False: retrying the same run cannot help; the user must act first
+
 
 class ExperimentError(DagsterRLError):
     """An experiment file is invalid."""
@@ -11,6 +13,8 @@ class ExperimentError(DagsterRLError):
 
 class MissingPredecessorError(DagsterRLError):
     """A step was asked for before the step whose weights it needs."""
+
+    retryable = False
 
 
 class TooFewTrialsError(DagsterRLError):
@@ -20,6 +24,8 @@ class TooFewTrialsError(DagsterRLError):
 class ArtifactConflictError(DagsterRLError):
     """A different content was about to be written under an existing artifact key."""
 
+    retryable = False
+
 
 class SimulatedCrash(DagsterRLError):
     """Fault injection: the driver dies after a step (experiment `faults.crash_driver_at_step`)."""
@@ -27,3 +33,5 @@ class SimulatedCrash(DagsterRLError):
 
 class CheckFailedError(DagsterRLError):
     """A blocking check of a step's weights failed: the range stops at that step."""
+
+    retryable = False

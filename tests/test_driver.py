@@ -120,6 +120,7 @@ def test_crash_after_step_3_resumes_at_step_4_with_identical_weights(lab, uninte
     first = crashy.run("demo", "0000", "0007", raise_on_error=False)
     assert not first.success
     assert "driver crash after step 0003" in failure_message(first)
+    assert "dagster/retry_on_asset_or_op_failure" not in crashy.instance.get_run_by_id(first.run_id).tags
     assert sorted(crashy.metadata("demo", "weights")) == STEPS[:4]
 
     before = counters.snapshot()
@@ -138,6 +139,8 @@ def test_a_step_whose_predecessor_is_missing_fails_naming_the_step_to_run(lab):
     assert not result.success
     message = failure_message(result)
     assert "Run step 0000 first" in message
+    # retrying the same run cannot help: the driver tells the daemon not to
+    assert fresh.instance.get_run_by_id(result.run_id).tags["dagster/retry_on_asset_or_op_failure"] == "false"
     assert fresh.run("demo", "0000", "0001").success
     message = failure_message(fresh.run("demo", "0004", "0005", raise_on_error=False))
     assert "steps 0002, 0003 are missing" in message and "Run step 0002 first" in message
