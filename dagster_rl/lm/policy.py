@@ -23,7 +23,7 @@ from safetensors.torch import save as save_safetensors
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from dagster_rl.errors import DagsterRLError
-from dagster_rl.hashing import canonical_json
+from dagster_rl.hashing import canonical_json, content_hash, sha256_hex
 from dagster_rl.lm.settings import GRPOLMSettings, LoRASettings, PolicySettings
 
 ADAPTER = "adapter_model.safetensors"
@@ -155,6 +155,11 @@ def checkpoint_bytes(policy: Policy, optimizer: torch.optim.Optimizer | None) ->
         OPTIMIZER: save_safetensors(moments),
         STATE: canonical_json(state),
     }
+
+
+def checkpoint_hash(files: dict[str, bytes]) -> str:
+    """The content hash of a checkpoint: of its files' sha256 by name."""
+    return content_hash({name: sha256_hex(data) for name, data in sorted(files.items())})
 
 
 def _jsonable(value):
