@@ -151,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack:
         report = None
         if int(os.environ.get("RANK", "0")) == 0:
-            from dagster_pipes import is_dagster_pipes_process, open_dagster_pipes
+            from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
 
-            if is_dagster_pipes_process():
+            if PipesEnvVarParamsLoader().is_dagster_pipes_process():
                 report = _pipes_reporter(stack.enter_context(open_dagster_pipes()), job.pipes_asset_key)
         metrics = run_job(job, report)
     if int(os.environ.get("RANK", "0")) == 0:
