@@ -45,16 +45,16 @@ def step_batch(policy: Policy, step: int, prompts: int = 4, samples: int = 4, se
     return rollouts, [score(r, RUBRIC) for r in rollouts]
 
 
-def subprocess_env() -> dict[str, str]:
+def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment a worker subprocess needs to import this checkout."""
-    env = dict(os.environ)
+    env = {**os.environ, **(extra or {})}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.pop("RANK", None)
     return env
 
 
-def run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    done = subprocess.run(cmd, env=subprocess_env(), cwd=REPO, capture_output=True, text=True, timeout=timeout)
+def run(cmd: list[str], timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    done = subprocess.run(cmd, env=subprocess_env(env), cwd=REPO, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     return done
 

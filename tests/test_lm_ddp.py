@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from dagster_pipes import encode_param
 from safetensors.torch import load_file
 
 from dagster_rl.lm.policy import checkpoint_bytes, load_checkpoint, make_optimizer, save_checkpoint
@@ -28,6 +29,19 @@ def trained_v1(tiny_dir, tmp_path_factory):
     return folder, rollouts, rewards
 
 
+def _pipes_env(messages) -> dict[str, str]:
+    """What PipesSubprocessClient would set: the context inline, messages to a file."""
+    context = {
+        "asset_keys": ["lm_demo/weights"], "code_version_by_asset_key": None, "provenance_by_asset_key": None,
+        "partition_key": "0001", "partition_key_range": None, "partition_time_window": None,
+        "run_id": "test-run", "job_name": None, "retry_number": 0, "extras": {},
+    }
+    return {
+        "DAGSTER_PIPES_CONTEXT": encode_param({"data": context}),
+        "DAGSTER_PIPES_MESSAGES": encode_param({"path": str(messages)}),
+    }
+
+
 def _single_process(tiny_dir, folder, batch):
     files = load_checkpoint(folder)
     policy = fresh_policy(tiny_dir, files)
@@ -50,9 +64,11 @@ def test_two_rank_gradients_equal_single_process(tiny_dir, trained_v1, tmp_path,
         batch=str(tmp_path / "batch.json"),
         output_dir=str(tmp_path / "out"),
         dump_grads=True,
+        pipes_asset_key="lm_demo/weights",
     )
     cmd = launch_torchrun(write_job(job, tmp_path / "job.json"), nproc_per_node=2)
-    run(cmd, timeout=180)
+    messages = tmp_path / "pipes_messages.jsonl"
+    run(cmd, timeout=180, env=_pipes_env(messages))
 
     dist_grads = load_file(str(tmp_path / "out" / GRADS))
     dist_metrics = TrainMetrics.model_validate_json((tmp_path / "out" / METRICS).read_text())
@@ -73,6 +89,13 @@ def test_two_rank_gradients_equal_single_process(tiny_dir, trained_v1, tmp_path,
     dist_adapter = load_bytes(load_checkpoint(tmp_path / "out" / CHECKPOINT_DIR)["adapter_model.safetensors"])
     for k, v in load_bytes(files["adapter_model.safetensors"]).items():
         torch.testing.assert_close(dist_adapter[k], v, rtol=1e-5, atol=1e-7)
+    # under Dagster Pipes, rank 0 alone reported: one open, log, metrics message, materialization, close
+    reported = [json.loads(line) for line in messages.read_text().splitlines()]
+    assert [m["method"] for m in reported] == ["opened", "log", "report_custom_message", "report_asset_materialization", "closed"]
+    payload = reported[2]["params"]["payload"]
+    assert payload["metrics"]["samples_used"] == n_samples and payload["metrics"]["world_size"] == 2
+    assert reported[3]["params"]["asset_key"] == "lm_demo/weights"
+    assert reported[3]["params"]["data_version"] == payload["checkpoint_hash"]
     print(json.dumps({"n_samples": n_samples, "max_abs_grad_diff": max(float((dist_grads[n] - g).abs().max()) for n, g in grads.items())}))
 
 
