@@ -1,0 +1,193 @@
+"""The policy: a base causal LM (frozen) plus a LoRA adapter (trained), and its checkpoints.
+
+A checkpoint is a dict of file name -> bytes, the shape the artifact store keeps:
+
+- `adapter_model.safetensors`, `adapter_config.json`: the adapter in PEFT's format (PEFT and vLLM
+  load the folder as it is);
+- `optimizer.safetensors`: AdamW's moments and step count per trainable parameter, by name;
+- `trainer_state.json`: the adapter version, the base model and the LoRA settings.
+
+Nothing random is left out: the LoRA init is seeded, and a train step draws nothing at random that
+it does not seed itself, so loading a checkpoint and training on is bit-identical to never stopping.
+The initial policy (version 0, no checkpoint) equals the base: LoRA B starts at 0.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from dagster_rl.errors import DagsterRLError
+from dagster_rl.hashing import canonical_json, content_hash, sha256_hex
+from dagster_rl.lm.settings import GRPOLMSettings, LoRASettings, PolicySettings
+
+ADAPTER = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+OPTIMIZER = "optimizer.safetensors"
+STATE = "trainer_state.json"
+CHECKPOINT_FILES = (ADAPTER, ADAPTER_CONFIG, OPTIMIZER, STATE)
+FORMAT = 1
+
+
+class CheckpointError(DagsterRLError):
+    """A checkpoint is incomplete or does not fit the policy it is loaded into."""
+
+
+@dataclass
+class Policy:
+    model: PeftModel
+    tokenizer: PreTrainedTokenizerBase
+    version: int
+    settings: PolicySettings
+
+    def trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """The adapter's parameters, in a fixed order (the optimizer's order)."""
+        return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+
+
+def load_base(base_model: str, dtype: str = "float32") -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    try:
+        model = AutoModelForCausalLM.from_pretrained(base_model, dtype=getattr(torch, dtype))
+        tokenizer = AutoTokenizer.from_pretrained(base_model)
+    except OSError as e:
+        raise DagsterRLError(
+            f"cannot load base model {base_model!r}: {e}. Give a local model folder, or a hub id that is "
+            "in the local Hugging Face cache when HF_HUB_OFFLINE=1."
+        ) from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def attach_lora(model: torch.nn.Module, lora: LoRASettings) -> PeftModel:
+    """Wrap `model` with a fresh adapter: A drawn from lora.init_seed (global RNG untouched), B = 0."""
+    config = LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+        init_lora_weights=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(lora.init_seed)
+        try:
+            return get_peft_model(model, config)
+        except ValueError as e:
+            raise DagsterRLError(f"cannot attach LoRA to this model: {e}. Check lora.target_modules.") from None
+
+
+def load_policy(settings: PolicySettings, checkpoint: dict[str, bytes] | None = None) -> Policy:
+    """The base with the checkpoint's adapter, or with a fresh one (version 0) when there is none."""
+    base, tokenizer = load_base(settings.base_model, settings.dtype)
+    model = attach_lora(base, settings.lora)
+    version = 0
+    if checkpoint is not None:
+        state = read_state(checkpoint)
+        version = state["version"]
+        if state["lora"] != settings.lora.model_dump(mode="json"):
+            raise CheckpointError(
+                f"checkpoint v{version} was trained with LoRA settings {state['lora']}, not "
+                f"{settings.lora.model_dump(mode='json')}; load it with the settings it was made with"
+            )
+        result = set_peft_model_state_dict(model, load_safetensors(checkpoint[ADAPTER]))
+        unexpected = list(getattr(result, "unexpected_keys", []) or [])
+        if unexpected:
+            raise CheckpointError(f"checkpoint adapter has weights this model lacks: {unexpected[:3]}...")
+    return Policy(model=model, tokenizer=tokenizer, version=version, settings=settings)
+
+
+def make_optimizer(policy: Policy, grpo: GRPOLMSettings, checkpoint: dict[str, bytes] | None = None) -> torch.optim.AdamW:
+    """AdamW over the adapter, with the checkpoint's moments and step counts when given."""
+    named = policy.trainable()
+    opt = torch.optim.AdamW(
+        [p for _, p in named],
+        lr=grpo.learning_rate,
+        betas=grpo.betas,
+        eps=grpo.adam_eps,
+        weight_decay=grpo.weight_decay,
+        foreach=False,
+    )
+    if checkpoint is not None and checkpoint.get(OPTIMIZER):
+        tensors = load_safetensors(checkpoint[OPTIMIZER])
+        saved = {k.rsplit("::", 1)[0] for k in tensors}
+        names = {n for n, _ in named}
+        if saved and saved != names:
+            raise CheckpointError(
+                f"optimizer state names {len(saved)} parameters that do not match the adapter's {len(names)}; "
+                "the checkpoint belongs to another LoRA layout"
+            )
+        sd = opt.state_dict()
+        sd["state"] = {
+            i: {k: tensors[f"{n}::{k}"].clone() for k in ("step", "exp_avg", "exp_avg_sq")}
+            for i, (n, _) in enumerate(named)
+            if f"{n}::step" in tensors
+        }
+        opt.load_state_dict(sd)
+    return opt
+
+
+def checkpoint_bytes(policy: Policy, optimizer: torch.optim.Optimizer | None) -> dict[str, bytes]:
+    """The policy's adapter, optimizer state and version as file name -> bytes."""
+    adapter = {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(policy.model, save_embedding_layers=False).items()}
+    moments: dict[str, torch.Tensor] = {}
+    if optimizer is not None:
+        index = {id(p): n for n, p in policy.trainable()}
+        for p, st in optimizer.state.items():
+            for k in ("step", "exp_avg", "exp_avg_sq"):
+                moments[f"{index[id(p)]}::{k}"] = st[k].detach().contiguous()
+    peft_config = policy.model.peft_config["default"].to_dict()
+    state = {
+        "format": FORMAT,
+        "version": policy.version,
+        "base_model": policy.settings.base_model,
+        "lora": policy.settings.lora.model_dump(mode="json"),
+    }
+    return {
+        ADAPTER: save_safetensors(adapter),
+        ADAPTER_CONFIG: json.dumps(peft_config, sort_keys=True, indent=2, default=_jsonable).encode(),
+        OPTIMIZER: save_safetensors(moments),
+        STATE: canonical_json(state),
+    }
+
+
+def checkpoint_hash(files: dict[str, bytes]) -> str:
+    """The content hash of a checkpoint: of its files' sha256 by name."""
+    return content_hash({name: sha256_hex(data) for name, data in sorted(files.items())})
+
+
+def _jsonable(value):
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def read_state(checkpoint: dict[str, bytes]) -> dict:
+    missing = [f for f in CHECKPOINT_FILES if f not in checkpoint]
+    if missing:
+        raise CheckpointError(f"checkpoint lacks {missing}; it holds {sorted(checkpoint)}. Re-run the step that wrote it.")
+    state = json.loads(checkpoint[STATE])
+    if state.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint format {state.get('format')} is not {FORMAT}, the one this code reads")
+    return state
+
+
+def save_checkpoint(directory: Path | str, files: dict[str, bytes]) -> Path:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    return directory
+
+
+def load_checkpoint(directory: Path | str) -> dict[str, bytes]:
+    directory = Path(directory)
+    files = {name: (directory / name).read_bytes() for name in CHECKPOINT_FILES if (directory / name).exists()}
+    read_state(files)
+    return files

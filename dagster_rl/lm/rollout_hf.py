@@ -1,0 +1,105 @@
+"""Rollouts of a step on `transformers`: plan the trials, generate, record, evaluate greedily.
+
+A rollout records what the trainer needs and nothing it must recompute: the prompt and completion
+token ids, the behavior log-probability of every completion token (see `logprobs`), the adapter
+version that sampled it, its trial id and seed. Trial (step, p, n) is seeded by
+seed_of(experiment seed, step, p, n), so a retried rollout is the same rollout, token for token and
+bit for bit, whatever batch it lands in: tokens come from its own generator, and its log-probs from
+a forward of its own sequence alone.
+"""
+
+from collections.abc import Sequence
+
+import torch
+
+from dagster_rl.hashing import seed_of
+from dagster_rl.lm.logprobs import completion_logprobs
+from dagster_rl.lm.policy import Policy
+from dagster_rl.lm.sampling import generate
+from dagster_rl.lm.settings import SamplingSettings
+from dagster_rl.lm.tasks import PromptItem, render
+from dagster_rl.records import Record
+
+
+class RolloutRequest(Record):
+    trial_id: str  # s{step}-p{prompt}-n{sample}
+    step: int
+    prompt: int  # index of the prompt in its step: the GRPO group
+    sample: int
+    item: PromptItem
+    seed: int
+
+
+class LMRollout(Record):
+    trial_id: str
+    step: int
+    prompt: int
+    sample: int
+    prompt_id: str
+    reference: str
+    seed: int
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    completion_text: str
+    sampling_logprobs: list[float]  # log softmax(logits / temperature) at each token, before top-p
+    finish_reason: str
+    temperature: float
+    top_p: float
+    behavior_version: int
+
+
+def plan_requests(prompts: Sequence[PromptItem], seed: int, step: int, n_samples: int) -> list[RolloutRequest]:
+    return [
+        RolloutRequest(trial_id=f"s{step}-p{p}-n{s}", step=step, prompt=p, sample=s, item=item, seed=seed_of(seed, step, p, s))
+        for p, item in enumerate(prompts)
+        for s in range(n_samples)
+    ]
+
+
+def generate_rollouts(
+    policy: Policy, requests: Sequence[RolloutRequest], sampling: SamplingSettings, template: str, batch_size: int = 64
+) -> list[LMRollout]:
+    """Sample every request with the policy's current adapter, in batches; sorted by trial id."""
+    tok = policy.tokenizer
+    model = policy.model.eval()
+    rollouts: list[LMRollout] = []
+    for start in range(0, len(requests), batch_size):
+        batch = list(requests[start : start + batch_size])
+        prompt_ids = [tok(render(r.item, template))["input_ids"] for r in batch]
+        gens = generate(model, prompt_ids, [r.seed for r in batch], sampling, tok.eos_token_id, tok.pad_token_id)
+        for r, ids, g in zip(batch, prompt_ids, gens):
+            with torch.no_grad():
+                logp = completion_logprobs(model, ids, g.completion_ids, sampling.temperature)
+            rollouts.append(
+                LMRollout(
+                    trial_id=r.trial_id,
+                    step=r.step,
+                    prompt=r.prompt,
+                    sample=r.sample,
+                    prompt_id=r.item.id,
+                    reference=r.item.reference,
+                    seed=r.seed,
+                    prompt_token_ids=ids,
+                    completion_token_ids=g.completion_ids,
+                    completion_text=tok.decode(g.completion_ids, skip_special_tokens=True),
+                    sampling_logprobs=[float(x) for x in logp],
+                    finish_reason=g.finish_reason,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    behavior_version=policy.version,
+                )
+            )
+    return sorted(rollouts, key=lambda r: r.trial_id)
+
+
+def greedy_completions(policy: Policy, items: Sequence[PromptItem], template: str, max_new_tokens: int, batch_size: int = 64) -> list[str]:
+    """Greedy completions (evaluation), in the order of `items`."""
+    tok = policy.tokenizer
+    greedy = SamplingSettings(temperature=0.0, max_new_tokens=max_new_tokens)
+    texts: list[str] = []
+    for start in range(0, len(items), batch_size):
+        batch = list(items[start : start + batch_size])
+        ids = [tok(render(it, template))["input_ids"] for it in batch]
+        gens = generate(policy.model.eval(), ids, [0] * len(batch), greedy, tok.eos_token_id, tok.pad_token_id)
+        texts += [tok.decode(g.completion_ids, skip_special_tokens=True) for g in gens]
+    return texts

@@ -1,0 +1,162 @@
+"""Prompts with verifiable answers: GSM8K-format JSONL, or a built-in synthetic set.
+
+Every prompt set is split once into train and held-out eval by a hash of each item's id (not by the
+experiment seed, so every experiment on a set evaluates on the same items); training draws only
+from train. The prompts of step k are a pure function of (experiment seed, step).
+"""
+
+import json
+import random
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from dagster_rl.errors import DagsterRLError
+from dagster_rl.experiment import Strict
+from dagster_rl.hashing import seed_of, sha256_hex
+from dagster_rl.records import Record
+
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+GSM8K_MARK = "####"
+SYNTHETIC_OPS = ("copy", "add", "last")
+
+
+class PromptItem(Record):
+    id: str
+    question: str
+    reference: str  # the verified answer, normalized by `normalize_number`
+
+
+class PromptSet(Record):
+    train: list[PromptItem]
+    eval: list[PromptItem]
+    template: str
+
+
+class SyntheticPrompts(Strict):
+    """Tiny tasks with a one-digit answer that a tiny model learns on the CPU.
+
+    copy: "copy 7 :" -> 7; add: "3 + 4 =" -> 7 (sums below 10); last: "last 3 8 5 :" -> 5.
+    """
+
+    kind: Literal["synthetic"] = "synthetic"
+    ops: tuple[Literal["copy", "add", "last"], ...] = ("copy",)
+    n_eval: int = Field(2, ge=0)
+    template: str = "{question}"
+
+
+class GSM8KPrompts(Strict):
+    """A JSONL file of {"question": ..., "answer": "... #### <number>"} lines."""
+
+    kind: Literal["gsm8k"] = "gsm8k"
+    path: str
+    n_eval: int = Field(100, ge=0)
+    template: str = "Question: {question}\nAnswer:"
+
+
+PromptSource = Annotated[SyntheticPrompts | GSM8KPrompts, Field(discriminator="kind")]
+
+
+class TaskError(DagsterRLError):
+    """A prompt file or prompt setting is invalid."""
+
+
+def normalize_number(text: str) -> str:
+    """'1,234' -> '1234', '5.50' -> '5.5', '7.0' -> '7', '7.' -> '7'."""
+    s = text.replace(",", "").strip().rstrip(".")
+    if "." in s:
+        s = s.rstrip("0").rstrip(".")
+    return "0" if s in ("-0", "") else s
+
+
+def extract_answer(completion: str) -> str | None:
+    """The last number in a completion, commas stripped; None when there is none."""
+    found = NUMBER.findall(completion)
+    return normalize_number(found[-1]) if found else None
+
+
+def extract_reference(answer: str) -> str:
+    """The number after the last '####' of a GSM8K reference answer."""
+    if GSM8K_MARK not in answer:
+        raise TaskError(f"reference answer has no '{GSM8K_MARK} <number>' line: {answer[-80:]!r}")
+    tail = answer.rsplit(GSM8K_MARK, 1)[1]
+    found = NUMBER.findall(tail)
+    if not found:
+        raise TaskError(f"no number after '{GSM8K_MARK}' in reference answer: {tail.strip()[:80]!r}")
+    return normalize_number(found[0])
+
+
+def load_gsm8k_jsonl(path: Path | str) -> list[PromptItem]:
+    """Items keyed by a hash of their question, so reordering the file changes no id."""
+    path = Path(path)
+    items: list[PromptItem] = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            question, answer = row["question"], row["answer"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise TaskError(
+                f"{path}:{n}: expected a JSON object with 'question' and 'answer' fields ({type(e).__name__}: {e})"
+            ) from None
+        try:
+            reference = extract_reference(answer)
+        except TaskError as e:
+            raise TaskError(f"{path}:{n}: {e}") from None
+        items.append(PromptItem(id=f"gsm8k-{sha256_hex(question.encode())[:16]}", question=question, reference=reference))
+    if not items:
+        raise TaskError(f"{path}: no prompts in the file")
+    return items
+
+
+def synthetic_items(ops: Sequence[str] = SYNTHETIC_OPS) -> list[PromptItem]:
+    """Every item of the named synthetic tasks, in a fixed order."""
+    items: list[PromptItem] = []
+    for op in ops:
+        if op == "copy":
+            items += [PromptItem(id=f"copy-{a}", question=f"copy {a} :", reference=str(a)) for a in range(10)]
+        elif op == "add":
+            items += [
+                PromptItem(id=f"add-{a}-{b}", question=f"{a} + {b} =", reference=str(a + b))
+                for a in range(10)
+                for b in range(10 - a)
+            ]
+        elif op == "last":
+            items += [
+                PromptItem(id=f"last-{a}{b}{c}", question=f"last {a} {b} {c} :", reference=str(c))
+                for a in range(10)
+                for b in range(10)
+                for c in range(10)
+            ]
+        else:
+            raise TaskError(f"unknown synthetic op {op!r}; choose from {', '.join(SYNTHETIC_OPS)}")
+    return items
+
+
+def split_heldout(items: Sequence[PromptItem], n_eval: int) -> tuple[list[PromptItem], list[PromptItem]]:
+    """(train, eval): eval is the n_eval items of lowest hash(id); both keep the input order."""
+    if n_eval >= len(items):
+        raise TaskError(f"n_eval={n_eval} leaves no training prompts out of {len(items)}; lower n_eval")
+    held = {it.id for it in sorted(items, key=lambda it: sha256_hex(f"heldout:{it.id}".encode()))[:n_eval]}
+    return [it for it in items if it.id not in held], [it for it in items if it.id in held]
+
+
+def load_prompt_set(source: SyntheticPrompts | GSM8KPrompts) -> PromptSet:
+    items = synthetic_items(source.ops) if source.kind == "synthetic" else load_gsm8k_jsonl(source.path)
+    train, held = split_heldout(items, source.n_eval)
+    return PromptSet(train=train, eval=held, template=source.template)
+
+
+def prompts_for_step(train: Sequence[PromptItem], seed: int, step: int, n: int) -> list[PromptItem]:
+    """The n training prompts of a step: distinct items drawn from (seed, step) alone."""
+    if n > len(train):
+        raise TaskError(f"{n} prompts per step asked of a training split of {len(train)}; lower prompts_per_step")
+    return random.Random(seed_of(seed, "prompts", step)).sample(list(train), n)
+
+
+def render(item: PromptItem, template: str) -> str:
+    return template.format(question=item.question)

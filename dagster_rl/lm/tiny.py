@@ -1,0 +1,78 @@
+"""A tiny causal LM built in code: what the tests and the CPU example train.
+
+`save_tiny_model(dir)` writes a normal Hugging Face model folder (config, safetensors, tokenizer
+files) that `AutoModelForCausalLM.from_pretrained(dir)` and `AutoTokenizer.from_pretrained(dir)`
+load, so the tiny model goes through exactly the code path a real base model does. The weights are a
+pure function of the seed.
+
+The tokenizer is a real Qwen2 byte-level BPE whose vocabulary is the specials, the digits and the
+words of the synthetic task (68 tokens), trained in code on those words. (transformers 5 loads every
+`qwen2` model folder with `Qwen2Tokenizer` whatever `tokenizer_config.json` names, so a WordLevel
+tokenizer would be silently replaced; a BPE that Qwen2Tokenizer rebuilds exactly is what survives.)
+Digits are always single tokens, and decoding gives back the text exactly ("12" stays "12").
+"""
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
+from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
+
+PAD, EOS = "<pad>", "<eos>"
+DIGITS = tuple(str(d) for d in range(10))
+WORDS = ("copy", "last", "what", "is", "the", "answer", "+", "-", "=", "?", ":", ".", ",", "####")
+
+
+def tiny_tokenizer() -> Qwen2Tokenizer:
+    """Byte-level BPE over the task's words, each word (and each word after a space) one token."""
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    corpus = [*WORDS, *(f" {w}" for w in WORDS), *DIGITS, " "]
+    trainer = trainers.BpeTrainer(vocab_size=1000, min_frequency=1, special_tokens=[PAD, EOS], show_progress=False)
+    bpe.train_from_iterator(corpus, trainer=trainer)
+    model = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+    return Qwen2Tokenizer(vocab=model["vocab"], merges=merges, eos_token=EOS, pad_token=PAD, unk_token=None)
+
+
+def tiny_config(vocab_size: int, pad_id: int, eos_id: int, hidden: int = 64, layers: int = 2) -> Qwen2Config:
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=None,
+        use_cache=True,
+    )
+
+
+def tiny_model(seed: int = 0) -> PreTrainedModel:
+    """Random weights drawn from `seed` alone; the global RNG is left as it was."""
+    tok = tiny_tokenizer()
+    config = tiny_config(len(tok), tok.pad_token_id, tok.eos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.eval()
+
+
+def save_tiny_model(directory: Path | str, seed: int = 0) -> Path:
+    """Write the tiny model and its tokenizer as a Hugging Face model folder; return the folder."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tiny_model(seed).save_pretrained(directory, safe_serialization=True)
+    tiny_tokenizer().save_pretrained(directory)
+    return directory

@@ -1,0 +1,157 @@
+"""One GRPO update of the adapter over a batch of samples, in one process or data-parallel.
+
+Each rank holds a shard of the samples (maybe none). Per sample: new_logp (adapter on, with grad),
+ref_logp (adapter disabled, no grad), the GRPO loss scaled by world_size / total_samples, backward.
+DDP averages gradients over ranks, so the synchronized gradient is (1/N) sum_i grad loss_i over all
+N samples: the single-process gradient. Per-sample backwards run inside `no_sync()` (local
+accumulation, no collective, each graph freed at once); then every rank, empty shard or not, runs
+exactly ONE forward of one token through the DDP module, scaled by 0.0, and its backward: the one
+all-reduce. The collective count is the same on every rank by construction.
+"""
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from dagster_rl.advantages import group_normalized_advantages, groups_with_signal
+from dagster_rl.errors import DagsterRLError
+from dagster_rl.hashing import seed_of
+from dagster_rl.lm.grpo_loss import grpo_sample_loss
+from dagster_rl.lm.logprobs import completion_logprobs
+from dagster_rl.lm.policy import Policy
+from dagster_rl.lm.rewards import LMReward
+from dagster_rl.lm.rollout_hf import LMRollout
+from dagster_rl.lm.settings import GRPOLMSettings
+from dagster_rl.records import Record
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    trial_id: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    old_logp: list[float]
+    temperature: float
+    advantage: float
+
+
+class TrainMetrics(Record):
+    version: int  # of the adapter this step produced
+    loss: float  # mean over samples
+    ratio: float
+    kl: float
+    clip_frac: float
+    grad_norm: float  # before clipping
+    samples_used: int
+    groups: int
+    groups_with_signal: int
+    mean_reward: float
+    world_size: int
+
+
+def build_samples(rollouts: Sequence[LMRollout], rewards: Sequence[LMReward], advantage_eps: float) -> tuple[list[TrainSample], dict[str, float]]:
+    """Samples sorted by trial id, advantages normalized within each (step, prompt) group.
+
+    Rollouts without a reward (skipped trials) are left out; a group whose rewards are all equal
+    gets advantage 0 and still counts in the KL term. Returns the samples and batch facts.
+    """
+    by_trial = {r.trial_id: r for r in rewards}
+    used = sorted((r for r in rollouts if r.trial_id in by_trial and r.completion_token_ids), key=lambda r: r.trial_id)
+    if not used:
+        raise DagsterRLError(
+            f"no rollout has a reward ({len(rollouts)} rollouts, {len(rewards)} rewards): the trainer has nothing "
+            "to learn from. Check that the rewards were computed for these rollouts."
+        )
+    groups = [(r.step, r.prompt) for r in used]
+    values = [by_trial[r.trial_id].reward for r in used]
+    adv = group_normalized_advantages(groups, values, advantage_eps)
+    samples = [
+        TrainSample(r.trial_id, r.prompt_token_ids, r.completion_token_ids, r.sampling_logprobs, r.temperature, a)
+        for r, a in zip(used, adv)
+    ]
+    facts = {
+        "groups": float(len(set(groups))),
+        "groups_with_signal": float(groups_with_signal(groups, adv)),
+        "mean_reward": sum(values) / len(values),
+    }
+    return samples, facts
+
+
+def shard(samples: Sequence[TrainSample], rank: int, world_size: int) -> list[TrainSample]:
+    """Rank r takes samples r, r + W, r + 2W, ...: a shard is empty when there are fewer samples than ranks."""
+    return list(samples[rank::world_size])
+
+
+def train_step(
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    samples: Sequence[TrainSample],
+    total_samples: int,
+    grpo: GRPOLMSettings,
+    facts: dict[str, float],
+    ddp: torch.nn.parallel.DistributedDataParallel | None = None,
+    on_grads: Callable[[dict[str, torch.Tensor]], None] | None = None,
+) -> TrainMetrics:
+    """Update the policy's adapter in place over this rank's `samples`; bump its version.
+
+    `on_grads` sees the synchronized gradients before clipping (the debug dump). With `ddp`, every
+    rank must call this once, with the same `total_samples`.
+    """
+    world_size = dist.get_world_size() if ddp is not None else 1
+    if total_samples < 1:
+        raise DagsterRLError("a train step needs at least one sample across all ranks")
+    model = policy.model
+    forward_model = ddp if ddp is not None else model
+    scale = world_size / total_samples
+    sums = torch.zeros(5, dtype=torch.float64)  # loss, ratio, kl, clip_frac, samples
+    device = next(model.parameters()).device
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed_of("train-step", policy.version))  # LoRA dropout, if any: same on every replay
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        with ddp.no_sync() if ddp is not None else nullcontext():
+            for s in samples:
+                with torch.no_grad(), model.disable_adapter():
+                    ref = completion_logprobs(model, s.prompt_ids, s.completion_ids, s.temperature)
+                new = completion_logprobs(forward_model, s.prompt_ids, s.completion_ids, s.temperature)
+                old = torch.tensor(s.old_logp, dtype=torch.float32, device=new.device)
+                loss, stats = grpo_sample_loss(new, old, ref, s.advantage, grpo.clip_eps, grpo.kl_beta)
+                (loss * scale).backward()
+                sums += torch.tensor([stats.loss, stats.ratio, stats.kl, stats.clip_frac, 1.0], dtype=torch.float64)
+        if ddp is not None:
+            sync = ddp(input_ids=torch.tensor([[policy.tokenizer.pad_token_id]], device=device), use_cache=False)
+            (sync.logits.float().sum() * 0.0).backward()  # the one synchronizing backward
+            reduced = sums.to(device)
+            dist.all_reduce(reduced)
+            sums = reduced.cpu()
+        model.eval()
+    named = policy.trainable()
+    for _, p in named:
+        if p.grad is None:  # single process, no sample touched it
+            p.grad = torch.zeros_like(p)
+    if on_grads is not None:
+        on_grads({n: p.grad.detach().clone() for n, p in named})
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in named], grpo.max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    policy.version += 1
+    n = float(sums[4])
+    if int(n) != total_samples:
+        raise DagsterRLError(f"ranks trained {int(n)} samples, not the {total_samples} the step was given; shards overlap or are lost")
+    return TrainMetrics(
+        version=policy.version,
+        loss=float(sums[0]) / n,
+        ratio=float(sums[1]) / n,
+        kl=float(sums[2]) / n,
+        clip_frac=float(sums[3]) / n,
+        grad_norm=float(grad_norm),
+        samples_used=int(n),
+        groups=int(facts["groups"]),
+        groups_with_signal=int(facts["groups_with_signal"]),
+        mean_reward=facts["mean_reward"],
+        world_size=world_size,
+    )

@@ -1,0 +1,110 @@
+"""A 2-rank torchrun step through the worker entrypoint equals the single-process step."""
+
+import json
+
+import pytest
+import torch
+from dagster_pipes import encode_param
+from safetensors.torch import load_file
+
+from dagster_rl.lm.policy import checkpoint_bytes, load_checkpoint, make_optimizer, save_checkpoint
+from dagster_rl.lm.settings import GRPOLMSettings
+from dagster_rl.lm.trainer import TrainMetrics, build_samples, train_step
+from dagster_rl.lm.worker import CHECKPOINT_DIR, GRADS, METRICS, TrainBatch, TrainJob, launch_torchrun, write_job
+from lm_fixtures import GRPO, fresh_policy, policy_settings, run, step_batch, tiny_dir  # noqa: F401
+
+# a strong KL weight: with a 1-sample batch (one rank's shard empty) the KL term is the whole gradient
+DDP_GRPO = GRPOLMSettings(**{**GRPO.model_dump(), "kl_beta": 0.5, "clip_eps": 0.05})
+
+
+@pytest.fixture(scope="module")
+def trained_v1(tiny_dir, tmp_path_factory):
+    """A v1 checkpoint, and the v0 batch it was trained on (stale now: ratio != 1, KL > 0)."""
+    policy = fresh_policy(tiny_dir)
+    optimizer = make_optimizer(policy, DDP_GRPO)
+    rollouts, rewards = step_batch(policy, step=0, prompts=3, samples=2)
+    samples, facts = build_samples(rollouts, rewards, DDP_GRPO.advantage_eps)
+    train_step(policy, optimizer, samples, len(samples), DDP_GRPO, facts)
+    folder = save_checkpoint(tmp_path_factory.mktemp("v1") / "checkpoint", checkpoint_bytes(policy, optimizer))
+    return folder, rollouts, rewards
+
+
+def _pipes_env(messages) -> dict[str, str]:
+    """What PipesSubprocessClient would set: the context inline, messages to a file."""
+    context = {
+        "asset_keys": ["lm_demo/weights"], "code_version_by_asset_key": None, "provenance_by_asset_key": None,
+        "partition_key": "0001", "partition_key_range": None, "partition_time_window": None,
+        "run_id": "test-run", "job_name": None, "retry_number": 0, "extras": {},
+    }
+    return {
+        "DAGSTER_PIPES_CONTEXT": encode_param({"data": context}),
+        "DAGSTER_PIPES_MESSAGES": encode_param({"path": str(messages)}),
+    }
+
+
+def _single_process(tiny_dir, folder, batch):
+    files = load_checkpoint(folder)
+    policy = fresh_policy(tiny_dir, files)
+    optimizer = make_optimizer(policy, DDP_GRPO, files)
+    samples, facts = build_samples(batch.rollouts, batch.rewards, DDP_GRPO.advantage_eps)
+    grads = {}
+    metrics = train_step(policy, optimizer, samples, len(samples), DDP_GRPO, facts, on_grads=grads.update)
+    return grads, metrics, checkpoint_bytes(policy, optimizer)
+
+
+@pytest.mark.parametrize("n_samples", [1, 6], ids=["one-shard-empty", "both-shards-full"])
+def test_two_rank_gradients_equal_single_process(tiny_dir, trained_v1, tmp_path, n_samples):
+    folder, rollouts, rewards = trained_v1
+    batch = TrainBatch(rollouts=rollouts[:n_samples], rewards=rewards[:n_samples])
+    (tmp_path / "batch.json").write_text(batch.model_dump_json())
+    job = TrainJob(
+        policy=policy_settings(tiny_dir),
+        grpo=DDP_GRPO,
+        input_checkpoint=str(folder),
+        batch=str(tmp_path / "batch.json"),
+        output_dir=str(tmp_path / "out"),
+        dump_grads=True,
+        pipes_asset_key="lm_demo/weights",
+    )
+    cmd = launch_torchrun(write_job(job, tmp_path / "job.json"), nproc_per_node=2)
+    messages = tmp_path / "pipes_messages.jsonl"
+    run(cmd, timeout=180, env=_pipes_env(messages))
+
+    dist_grads = load_file(str(tmp_path / "out" / GRADS))
+    dist_metrics = TrainMetrics.model_validate_json((tmp_path / "out" / METRICS).read_text())
+    grads, metrics, files = _single_process(tiny_dir, folder, batch)
+
+    assert set(dist_grads) == set(grads) and len(grads) == 26  # (2 layers x 6 modules + lm_head) x (A, B)
+    assert sum(float(g.norm()) for g in grads.values()) > 1e-3
+    for name, g in grads.items():
+        torch.testing.assert_close(dist_grads[name], g, rtol=1e-5, atol=1e-8, msg=lambda m: f"{name}: {m}")
+    assert dist_metrics.world_size == 2 and metrics.world_size == 1
+    assert dist_metrics.samples_used == metrics.samples_used == n_samples
+    for field in ("loss", "ratio", "kl", "clip_frac", "grad_norm"):
+        assert getattr(dist_metrics, field) == pytest.approx(getattr(metrics, field), rel=1e-5, abs=1e-8), field
+    assert metrics.kl > 0 and metrics.ratio != 1.0
+    # the written checkpoint is the single-process one, up to float noise
+    from safetensors.torch import load as load_bytes
+
+    dist_adapter = load_bytes(load_checkpoint(tmp_path / "out" / CHECKPOINT_DIR)["adapter_model.safetensors"])
+    for k, v in load_bytes(files["adapter_model.safetensors"]).items():
+        torch.testing.assert_close(dist_adapter[k], v, rtol=1e-5, atol=1e-7)
+    # under Dagster Pipes, rank 0 alone reported: one open, log, metrics message, materialization, close
+    reported = [json.loads(line) for line in messages.read_text().splitlines()]
+    assert [m["method"] for m in reported] == ["opened", "log", "report_custom_message", "report_asset_materialization", "closed"]
+    payload = reported[2]["params"]["payload"]
+    assert payload["metrics"]["samples_used"] == n_samples and payload["metrics"]["world_size"] == 2
+    assert reported[3]["params"]["asset_key"] == "lm_demo/weights"
+    assert reported[3]["params"]["data_version"] == payload["checkpoint_hash"]
+    print(json.dumps({"n_samples": n_samples, "max_abs_grad_diff": max(float((dist_grads[n] - g).abs().max()) for n, g in grads.items())}))
+
+
+def test_torchrun_command():
+    cmd = launch_torchrun("job.json", nproc_per_node=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29400, python="py")
+    assert cmd == [
+        "py", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "4", "--max-restarts", "0",
+        "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29400", "-m", "dagster_rl.lm.worker", "job.json",
+    ]
+    assert "--standalone" in launch_torchrun("job.json", nproc_per_node=2)
+    with pytest.raises(ValueError, match="master_addr"):
+        launch_torchrun("job.json", nproc_per_node=2, nnodes=2)
