@@ -11,7 +11,7 @@ from dagster_rl.lm.policy import checkpoint_bytes, load_checkpoint, make_optimiz
 from dagster_rl.lm.settings import GRPOLMSettings
 from dagster_rl.lm.trainer import TrainMetrics, build_samples, train_step
 from dagster_rl.lm.worker import CHECKPOINT_DIR, GRADS, METRICS, TrainBatch, TrainJob, launch_torchrun, write_job
-from lm_fixtures import GRPO, fresh_policy, policy_settings, run, step_batch, tiny_dir  # noqa: F401
+from tests.lm_fixtures import GRPO, fresh_policy, policy_settings, run, step_batch, tiny_dir  # noqa: F401
 
 # a strong KL weight: with a 1-sample batch (one rank's shard empty) the KL term is the whole gradient
 DDP_GRPO = GRPOLMSettings(**{**GRPO.model_dump(), "kl_beta": 0.5, "clip_eps": 0.05})

@@ -6,7 +6,7 @@ from dagster_rl.lm.loop import evaluate, inprocess_step
 from dagster_rl.lm.policy import make_optimizer
 from dagster_rl.lm.settings import GRPOLMSettings, SamplingSettings
 from dagster_rl.lm.tasks import SyntheticPrompts, load_prompt_set
-from lm_fixtures import RUBRIC, fresh_policy, tiny_dir  # noqa: F401
+from tests.lm_fixtures import RUBRIC, fresh_policy, tiny_dir  # noqa: F401
 
 STEPS = 8
 

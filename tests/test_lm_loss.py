@@ -8,7 +8,7 @@ import torch
 from dagster_rl.advantages import group_normalized_advantages
 from dagster_rl.lm.grpo_loss import grpo_sample_loss
 from dagster_rl.lm.trainer import build_samples
-from lm_fixtures import RUBRIC  # noqa: F401  (keeps the shared env settings)
+from tests.lm_fixtures import RUBRIC  # noqa: F401  (keeps the shared env settings)
 
 EPS = 0.2
 RATIOS = [1.5, 0.5, 1.0]  # above 1+eps, below 1-eps, on-policy

@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from dagster_rl.lm.policy import ADAPTER, OPTIMIZER, checkpoint_bytes, load_checkpoint, make_optimizer, read_state, save_checkpoint
 from dagster_rl.lm.tiny import tiny_model
 from dagster_rl.lm.trainer import build_samples, train_step
-from lm_fixtures import GRPO, fresh_policy, step_batch, tiny_dir  # noqa: F401
+from tests.lm_fixtures import GRPO, fresh_policy, step_batch, tiny_dir  # noqa: F401
 
 
 def test_tiny_model_is_a_normal_hf_folder(tiny_dir):

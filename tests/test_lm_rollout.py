@@ -7,7 +7,7 @@ from dagster_rl.lm.policy import make_optimizer
 from dagster_rl.lm.rollout_hf import generate_rollouts, plan_requests
 from dagster_rl.lm.tasks import SyntheticPrompts, load_prompt_set, prompts_for_step
 from dagster_rl.lm.trainer import build_samples, train_step
-from lm_fixtures import GRPO, SAMPLING, fresh_policy, step_batch, tiny_dir  # noqa: F401
+from tests.lm_fixtures import GRPO, SAMPLING, fresh_policy, step_batch, tiny_dir  # noqa: F401
 
 
 def test_retried_rollout_is_token_identical_in_any_batch(tiny_dir):
