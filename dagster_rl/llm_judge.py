@@ -29,7 +29,7 @@ from dagster_rl.hashing import canonical_json, content_hash
 from dagster_rl.judge_journal import JudgeCall, JudgeJournal, trajectory_hash
 from dagster_rl.records import Reward, Trajectory
 from dagster_rl.retries import with_retries
-from dagster_rl.secret_search.judge import verify
+from dagster_rl.secret_search.judge import judge as rubric_judge
 
 PROMPT_VERSION = "llm-judge-prompt-1"
 SYSTEM_PROMPT = (
@@ -154,16 +154,9 @@ class LLMJudge:
 
     @staticmethod
     def reward(exp: Experiment, traj: Trajectory, call: JudgeCall) -> Reward:
-        verified = verify(traj)
-        weight = exp.rubric.correctness + exp.rubric.efficiency + exp.rubric.tidiness
-        score = weight * call.score
-        return Reward(
-            trial_id=traj.trial_id,
-            prompt=traj.prompt,
-            world_id=traj.world_id,
-            docs_read=traj.docs_read,
-            verified=verified,
-            components={"llm": call.score},
-            score=score,
-            reward=float(verified) + score,
+        """The verifier's verdict plus the LLM's score in [0, 1], scaled by the rubric's weights."""
+        verified = rubric_judge(traj, exp.rubric, exp.task.max_turns)
+        score = (exp.rubric.correctness + exp.rubric.efficiency + exp.rubric.tidiness) * call.score
+        return verified.model_copy(
+            update={"components": {"llm": call.score}, "score": score, "reward": float(verified.verified) + score}
         )
