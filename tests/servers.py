@@ -88,6 +88,17 @@ class GraphQLClient:
             raise GraphQLError(f"GraphQL errors: {json.dumps(body['errors'])[:4000]}")
         return body["data"]
 
+    def query_union(self, text: str, field: str, expected: str, **variables: Any) -> dict[str, Any]:
+        """Run a query whose root `field` is a union; return it if its __typename is `expected`, else raise.
+
+        `...ERRORS` in `text` stands for `__typename` and the message of the members that are errors.
+        """
+        data = self.query(text.replace("...ERRORS", "__typename ... on Error { message }"), **variables)[field]
+        if data["__typename"] != expected:
+            stack = "".join(data.get("stack") or [])
+            raise GraphQLError(f"{field}: {data['__typename']}: {data.get('message')}\n{stack}".rstrip())
+        return data
+
     # ---- launching -------------------------------------------------------------------------
 
     def launch_partition_backfill(
@@ -116,44 +127,39 @@ class GraphQLClient:
             params["partitionsByAssets"] = [
                 {"assetKey": {"path": k}, "partitions": {"range": {"start": start, "end": end}}} for k in asset_keys
             ]
-        data = self.query(
+        return self.query_union(
             """
             mutation Launch($backfillParams: LaunchBackfillParams!) {
               launchPartitionBackfill(backfillParams: $backfillParams) {
-                __typename
+                ...ERRORS
+                ... on PythonError { stack }
                 ... on LaunchBackfillSuccess { backfillId launchedRunIds }
-                ... on Error { message }
-                ... on PythonError { message stack }
               }
             }""",
+            "launchPartitionBackfill",
+            "LaunchBackfillSuccess",
             backfillParams=params,
-        )["launchPartitionBackfill"]
-        if data["__typename"] != "LaunchBackfillSuccess":
-            raise GraphQLError(f"launchPartitionBackfill: {data['__typename']}: {data.get('message')}\n{''.join(data.get('stack') or [])}")
-        return data["backfillId"]
+        )["backfillId"]
 
     # ---- reading ---------------------------------------------------------------------------
 
     def backfill(self, backfill_id: str) -> dict[str, Any]:
-        data = self.query(
+        return self.query_union(
             """
             query Backfill($id: String!) {
               partitionBackfillOrError(backfillId: $id) {
-                __typename
+                ...ERRORS
                 ... on PartitionBackfill {
                   id status numPartitions partitionNames
                   runs(limit: 100) { runId status }
                   error { message }
                 }
-                ... on Error { message }
-                ... on PythonError { message }
               }
             }""",
+            "partitionBackfillOrError",
+            "PartitionBackfill",
             id=backfill_id,
-        )["partitionBackfillOrError"]
-        if data["__typename"] != "PartitionBackfill":
-            raise GraphQLError(f"backfill {backfill_id}: {data['__typename']}: {data.get('message')}")
-        return data
+        )
 
     def runs(
         self, tags: dict[str, str] | None = None, job_name: str | None = None, statuses: list[str] | None = None
@@ -166,31 +172,29 @@ class GraphQLClient:
             run_filter["pipelineName"] = job_name
         if statuses:
             run_filter["statuses"] = statuses
-        data = self.query(
+        data = self.query_union(
             """
             query Runs($filter: RunsFilter) {
               runsOrError(filter: $filter) {
-                __typename
+                ...ERRORS
                 ... on Runs { results { runId status jobName creationTime startTime endTime tags { key value } } }
-                ... on Error { message }
-                ... on PythonError { message }
               }
             }""",
+            "runsOrError",
+            "Runs",
             filter=run_filter,
-        )["runsOrError"]
-        if data["__typename"] != "Runs":
-            raise GraphQLError(f"runsOrError: {data['__typename']}: {data.get('message')}")
+        )
         return [{**r, "tags": {t["key"]: t["value"] for t in r["tags"]}} for r in data["results"]]
 
     def run_events(self, run_id: str, types: set[str] | None = None) -> list[dict[str, Any]]:
         """The run's event log in order: __typename, message, timestamp, and for asset events assetKey and partition."""
         events, cursor = [], None
         while True:
-            data = self.query(
+            data = self.query_union(
                 """
                 query Logs($runId: ID!, $cursor: String) {
                   logsForRun(runId: $runId, afterCursor: $cursor, limit: 1000) {
-                    __typename
+                    ...ERRORS
                     ... on EventConnection {
                       cursor hasMore
                       events {
@@ -199,15 +203,13 @@ class GraphQLClient:
                         ... on MaterializationEvent { assetKey { path } partition }
                       }
                     }
-                    ... on Error { message }
-                    ... on PythonError { message }
                   }
                 }""",
+                "logsForRun",
+                "EventConnection",
                 runId=run_id,
                 cursor=cursor,
-            )["logsForRun"]
-            if data["__typename"] != "EventConnection":
-                raise GraphQLError(f"logsForRun {run_id}: {data['__typename']}: {data.get('message')}")
+            )
             events += data["events"]
             cursor = data["cursor"]
             if not data["hasMore"]:
@@ -216,11 +218,11 @@ class GraphQLClient:
 
     def partition_statuses(self, asset_key: list[str]) -> dict[str, list[str]]:
         """materializedPartitions, failedPartitions, materializingPartitions, unmaterializedPartitions."""
-        data = self.query(
+        data = self.query_union(
             """
             query Statuses($key: AssetKeyInput!) {
               assetNodeOrError(assetKey: $key) {
-                __typename
+                ...ERRORS
                 ... on AssetNode {
                   assetPartitionStatuses {
                     __typename
@@ -229,13 +231,12 @@ class GraphQLClient:
                     }
                   }
                 }
-                ... on Error { message }
               }
             }""",
+            "assetNodeOrError",
+            "AssetNode",
             key={"path": asset_key},
-        )["assetNodeOrError"]
-        if data["__typename"] != "AssetNode":
-            raise GraphQLError(f"asset {'/'.join(asset_key)}: {data['__typename']}: {data.get('message')}")
+        )
         statuses = dict(data["assetPartitionStatuses"])
         statuses.pop("__typename", None)
         return statuses
@@ -244,23 +245,22 @@ class GraphQLClient:
         return sorted(self.partition_statuses(asset_key)["materializedPartitions"])
 
     def code_location(self, name: str = LOCATION) -> dict[str, Any]:
-        data = self.query(
+        data = self.query_union(
             """
             query Workspace {
               workspaceOrError {
-                __typename
+                ...ERRORS
                 ... on Workspace {
                   locationEntries {
                     name loadStatus
                     locationOrLoadError { __typename ... on PythonError { message stack } }
                   }
                 }
-                ... on PythonError { message }
               }
-            }"""
-        )["workspaceOrError"]
-        if data["__typename"] != "Workspace":
-            raise GraphQLError(f"workspaceOrError: {data.get('message')}")
+            }""",
+            "workspaceOrError",
+            "Workspace",
+        )
         entries = {e["name"]: e for e in data["locationEntries"]}
         if name not in entries:
             raise GraphQLError(f"no code location {name!r} in the workspace; have {sorted(entries)}")
