@@ -1,0 +1,162 @@
+"""An LLM judge over an OpenAI-compatible chat completions endpoint, every call journaled.
+
+`LLMJudge.judge(exp, trajectory)` has the shape of `RubricJudge.judge`: it returns a `Reward` with
+reward = verified + score, where the deterministic verifier decides `verified` and the LLM grades
+the trajectory against the rubric with a score in [0, 1], scaled by the rubric's weights. The call
+is `POST {base_url}/chat/completions` with `model` and `messages`; the reply must contain
+`SCORE: <number in [0, 1]>` (or a JSON object with a "score" field).
+
+Each attempt first asks the journal (dagster_rl.judge_journal) for (trajectory hash, rubric hash,
+model): a judgement already paid for is replayed. Seeded fault injection (`judge_flake_rate`) fires
+*after* the journaled call, which is the failure the journal exists for.
+"""
+
+import json
+import re
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagster_rl import counters
+from dagster_rl.environments import Limits
+from dagster_rl.errors import DagsterRLError
+from dagster_rl.experiment import Experiment, Rubric
+from dagster_rl.faults import maybe_fail
+from dagster_rl.hashing import canonical_json, content_hash
+from dagster_rl.judge_journal import JudgeCall, JudgeJournal, trajectory_hash
+from dagster_rl.records import Reward, Trajectory
+from dagster_rl.retries import with_retries
+from dagster_rl.secret_search.judge import judge as rubric_judge
+
+PROMPT_VERSION = "llm-judge-prompt-1"
+SYSTEM_PROMPT = (
+    "You grade the trajectory of an agent that searched a sandboxed folder of documents for the "
+    "digest of a secret. Rubric (weights): correctness {correctness}, efficiency {efficiency}, "
+    "tidiness {tidiness}. Correct answers found in few turns without leaving files behind score "
+    "highest. Reply with one line: SCORE: <a number from 0 to 1>."
+)
+_SCORE = re.compile(r"score\s*[:=]\s*([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.IGNORECASE)
+
+
+class LLMJudgeError(DagsterRLError):
+    """The judge endpoint could not be reached, answered with an error, or its reply had no score."""
+
+
+def rubric_hash(rubric: Rubric) -> str:
+    """What the judge is asked, as a hash: the rubric and the prompt's version."""
+    return content_hash({"rubric": rubric, "prompt": PROMPT_VERSION})
+
+
+def build_messages(rubric: Rubric, traj: Trajectory, max_turns: int) -> list[dict[str, str]]:
+    shown = traj.model_dump(mode="json", exclude={"seed", "behavior_version"})
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT.format(**rubric.model_dump())},
+        {
+            "role": "user",
+            "content": f"Turn limit: {max_turns}.\nTrajectory (JSON):\n{canonical_json(shown).decode()}",
+        },
+    ]
+
+
+def parse_score(reply: str) -> float:
+    """The score in a reply: `SCORE: x` or a JSON object {"score": x}; must lie in [0, 1]."""
+    match = _SCORE.search(reply)
+    value: Any = float(match.group(1)) if match else None
+    if value is None:
+        try:
+            parsed = json.loads(reply)
+            value = parsed.get("score") if isinstance(parsed, dict) else None
+        except ValueError:
+            value = None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise LLMJudgeError(f"the judge's reply has no score (expected 'SCORE: <0..1>'): {reply[:300]!r}")
+    if not 0.0 <= float(value) <= 1.0:
+        raise LLMJudgeError(f"the judge's score {value} is outside [0, 1]: {reply[:300]!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class OpenAIChatClient:
+    """POST {base_url}/chat/completions; base_url is e.g. http://127.0.0.1:8000/v1."""
+
+    base_url: str
+    api_key: str | None = None
+    timeout_s: float = 30.0
+
+    def complete(self, body: dict[str, Any]) -> str:
+        url = self.base_url.rstrip("/") + "/chat/completions"
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as e:
+            detail = e.read()[:500].decode(errors="replace")
+            raise LLMJudgeError(f"judge endpoint {url} answered HTTP {e.code}: {detail}") from None
+        except (TimeoutError, socket.timeout):
+            raise LLMJudgeError(f"judge endpoint {url} did not answer within {self.timeout_s} s") from None
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, (TimeoutError, socket.timeout)):
+                raise LLMJudgeError(f"judge endpoint {url} did not answer within {self.timeout_s} s") from None
+            raise LLMJudgeError(f"judge endpoint {url} is unreachable: {e.reason}") from None
+        try:
+            return json.loads(raw)["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise LLMJudgeError(
+                f"judge endpoint {url} answered something that is not a chat completion: {raw[:300]!r}"
+            ) from None
+
+
+@dataclass(frozen=True)
+class LLMJudge:
+    """A judge environment (same interface as RubricJudge) backed by an OpenAI-compatible endpoint."""
+
+    client: OpenAIChatClient
+    model: str
+    journal: JudgeJournal
+    limits: Limits = Limits()
+    temperature: float = 0.0
+    max_tokens: int = 16
+    # Called with each fresh (not replayed) journaled call, before fault injection; tests use it to
+    # crash the caller right after the judge answered.
+    after_call: Callable[[JudgeCall], None] | None = field(default=None, compare=False)
+
+    def judge(self, exp: Experiment, traj: Trajectory) -> Reward:
+        t_hash, r_hash = trajectory_hash(traj), rubric_hash(exp.rubric)
+
+        def ask() -> tuple[dict[str, Any], str, float]:
+            body = {
+                "model": self.model,
+                "messages": build_messages(exp.rubric, traj, exp.task.max_turns),
+                "temperature": self.temperature,
+                "max_tokens": self.max_tokens,
+            }
+            counters.bump("llm_judge_requests")
+            reply = self.client.complete(body)
+            return body, reply, parse_score(reply)
+
+        def attempt(n: int) -> Reward:
+            counters.bump("judge_calls")
+            call, replayed = self.journal.replay_or_call(t_hash, r_hash, self.model, ask)
+            if replayed:
+                counters.bump("judge_journal_replays")
+            elif self.after_call is not None:
+                self.after_call(call)
+            maybe_fail(exp.faults.judge_flake_rate, n, exp.seed, "judge", traj.trial_id)
+            return self.reward(exp, traj, call)
+
+        return with_retries(f"judging {traj.trial_id}", attempt, self.limits.max_retries, self.limits.timeout_s)
+
+    @staticmethod
+    def reward(exp: Experiment, traj: Trajectory, call: JudgeCall) -> Reward:
+        """The verifier's verdict plus the LLM's score in [0, 1], scaled by the rubric's weights."""
+        verified = rubric_judge(traj, exp.rubric, exp.task.max_turns)
+        score = (exp.rubric.correctness + exp.rubric.efficiency + exp.rubric.tidiness) * call.score
+        return verified.model_copy(
+            update={"components": {"llm": call.score}, "score": score, "reward": float(verified.verified) + score}
+        )

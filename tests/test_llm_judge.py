@@ -1,0 +1,170 @@
+"""The LLM judge against an OpenAI-compatible stub on 127.0.0.1: every judgement is paid for once."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dagster_rl import counters
+from dagster_rl.environments import InProcessTrainer, Limits, SandboxRollouts
+from dagster_rl.experiment import Experiment
+from dagster_rl.judge_journal import KIND, JudgeJournal, journal_key, trajectory_hash
+from dagster_rl.llm_judge import LLMJudge, LLMJudgeError, OpenAIChatClient, parse_score, rubric_hash
+from dagster_rl.records import Trajectory
+from dagster_rl.retries import AttemptsExhausted
+from dagster_rl.step import initial_policy, run_step
+from dagster_rl.store import ArtifactStore
+from tests.openai_stub import CrashAfterJudgeCall, OpenAIStub, rule_score
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = "stub-judge-1"
+
+
+def experiment(**overrides) -> Experiment:
+    raw = yaml.safe_load((REPO / "experiments" / "demo.yaml").read_text())
+    raw.update(name="judged", n_steps=2, prompts_per_step=4, n_samples=4, min_trials_per_step=8)
+    for key, value in overrides.items():
+        raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
+    return Experiment.model_validate(raw)
+
+
+def trajectory(i: int) -> Trajectory:
+    return Trajectory(
+        trial_id=f"s0-p{i}-n0",
+        step=0,
+        prompt=i,
+        world_id="w0",
+        seed=1000 + i,
+        docs_read=list(range(i % 3 + 1)),
+        answer=None if i % 4 == 3 else f"digest-{i}",
+        turns=i % 3 + 1,
+        files_left=["scratch.txt"] if i % 2 else [],
+        foreign_notes_seen=0,
+        behavior_version=0,
+    )
+
+
+@pytest.fixture
+def stub():
+    with OpenAIStub() as server:
+        yield server
+
+
+@pytest.fixture
+def store(tmp_path) -> ArtifactStore:
+    return ArtifactStore(f"file://{tmp_path}/artifacts")
+
+
+def make_judge(stub: OpenAIStub, store: ArtifactStore, model: str = MODEL, max_retries: int = 2, **kw) -> LLMJudge:
+    # A fresh journal object over the store, as a new process (a retried task) would build.
+    return LLMJudge(
+        client=OpenAIChatClient(stub.base_url, timeout_s=5.0),
+        model=model,
+        journal=JudgeJournal(ArtifactStore(store.url)),
+        limits=Limits(max_retries=max_retries, timeout_s=30.0, max_concurrency=4),
+        **kw,
+    )
+
+
+def test_a_crash_after_the_call_is_retried_from_the_journal_one_call_per_trajectory(stub, store):
+    exp, trajs = experiment(), [trajectory(i) for i in range(6)]
+    stub.crash_after_answer(len(trajs))  # every first attempt dies right after the judge answered
+    judge = make_judge(stub, store, after_call=stub.after_answer)
+    replays = counters.read("judge_journal_replays")
+
+    rewards = [judge.judge(exp, t) for t in trajs]
+
+    assert stub.crashes == len(trajs)
+    assert stub.count == len(trajs), "a retried attempt must replay the journal, not call the judge again"
+    assert counters.read("judge_journal_replays") - replays == len(trajs)
+    weight = exp.rubric.correctness + exp.rubric.efficiency + exp.rubric.tidiness
+    for t, call_body, r in zip(trajs, stub.calls, rewards):
+        assert call_body["model"] == MODEL
+        assert r.components["llm"] == rule_score(call_body)
+        assert r.score == pytest.approx(weight * r.components["llm"])
+        assert 0.0 <= r.reward <= exp.rubric.max_reward
+
+
+def test_a_judging_task_retried_after_failing_replays_the_identical_score(stub, store):
+    exp, traj = experiment(), trajectory(1)
+    stub.crash_after_answer(1)
+    with pytest.raises(AttemptsExhausted) as failed:  # the task's only attempt dies after the call
+        make_judge(stub, store, max_retries=0, after_call=stub.after_answer).judge(exp, traj)
+    assert isinstance(failed.value.errors[-1], CrashAfterJudgeCall)
+    assert stub.count == 1
+
+    first = make_judge(stub, store).judge(exp, traj)  # the retried task: a new judge, same store
+    again = make_judge(stub, store).judge(exp, traj)
+    assert stub.count == 1
+    assert first == again
+    entry = JudgeJournal(store).lookup(trajectory_hash(traj), rubric_hash(exp.rubric), MODEL)
+    assert entry is not None and entry.reply == f"SCORE: {rule_score(stub.calls[0])}"
+    assert first.components["llm"] == entry.score
+    assert store.exists(KIND, journal_key(entry.trajectory_hash, entry.rubric_hash, MODEL))
+
+
+def test_a_new_rubric_or_a_new_model_is_a_new_call(stub, store):
+    exp, traj = experiment(), trajectory(2)
+    make_judge(stub, store).judge(exp, traj)
+    assert stub.count == 1
+    make_judge(stub, store).judge(exp, traj)
+    assert stub.count == 1
+
+    stricter = experiment(rubric={"name": "stricter", "tidiness": 1.0})
+    make_judge(stub, store).judge(stricter, traj)
+    assert stub.count == 2
+    assert "tidiness 1.0" in stub.calls[-1]["messages"][0]["content"]
+
+    make_judge(stub, store, model="other-judge").judge(exp, traj)
+    assert stub.count == 3
+    assert stub.calls[-1]["model"] == "other-judge"
+
+    make_judge(stub, store, model="other-judge").judge(exp, traj)
+    make_judge(stub, store).judge(stricter, traj)
+    assert stub.count == 3
+
+    make_judge(stub, store).judge(exp, trajectory(3))  # another trajectory
+    assert stub.count == 4
+
+
+def test_a_step_under_judge_flakes_pays_one_judge_call_per_trial(stub, tmp_path, store):
+    """run_step with the LLM judge and judge_flake_rate 0.3: flakes fire after the call; retries replay."""
+    exp = experiment(faults={"judge_flake_rate": 0.3})
+    judge = make_judge(stub, store)
+    rollout = SandboxRollouts(sandbox_root=tmp_path / "sandboxes")
+    replays = counters.read("judge_journal_replays")
+    result, _ = run_step(exp, 0, initial_policy(exp, store), store, rollout, judge, InProcessTrainer())
+    assert result.n_trials == exp.n_trials_planned == 16
+    assert stub.count == result.n_trials
+    assert len({b["messages"][-1]["content"] for b in stub.calls}) == stub.count, "no trajectory judged twice"
+    flaked = counters.read("judge_journal_replays") - replays
+    assert flaked > 0, "with judge_flake_rate 0.3 some judgements must have been retried"
+    assert result.judge_calls == result.n_trials + flaked
+
+
+def test_http_errors_are_retried_and_unreachable_endpoints_are_named(stub, store):
+    exp, traj = experiment(), trajectory(0)
+    stub.fail_next(1, status=503)
+    make_judge(stub, store, max_retries=1).judge(exp, traj)
+    assert stub.count == 1
+
+    stub.fail_next(2, status=500)
+    with pytest.raises(AttemptsExhausted) as failed:
+        make_judge(stub, store, max_retries=1).judge(exp, trajectory(5))
+    assert "HTTP 500" in str(failed.value.errors[-1])
+
+    client = OpenAIChatClient("http://127.0.0.1:9/v1", timeout_s=2.0)  # nothing listens on port 9
+    with pytest.raises(LLMJudgeError, match="unreachable"):
+        client.complete({"model": MODEL, "messages": []})
+
+
+def test_timeouts_and_replies_without_a_score_are_clear_errors():
+    with OpenAIStub(delay_s=1.0) as slow:
+        with pytest.raises(LLMJudgeError, match="did not answer within 0.2 s"):
+            OpenAIChatClient(slow.base_url, timeout_s=0.2).complete({"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+    assert parse_score("Reasoning... SCORE: 0.75") == 0.75
+    assert parse_score('{"score": 1}') == 1.0
+    with pytest.raises(LLMJudgeError, match="no score"):
+        parse_score("I think it is good")
+    with pytest.raises(LLMJudgeError, match="outside"):
+        parse_score("SCORE: 7")
