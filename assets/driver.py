@@ -24,14 +24,20 @@ from dagster import (
 )
 
 from assets.lineage import starting_policy
+from assets.pipes import pipes_runner
 from dagster_rl.checks import CHECK_NAMES
 from dagster_rl.errors import CheckFailedError, DagsterRLError, SimulatedCrash
 from dagster_rl.experiment import ExperimentBase as Experiment
 from dagster_rl.experiment import step_key
-from dagster_rl.loop import Engines, StepResult, loop_for
+from dagster_rl.loop import Engines, EvaluationResult, StepResult, loop_for
 from resources import ArtifactStoreResource, JudgeEnvironment, RolloutEnvironment, TrainerEnvironment
 
 CHAIN = ("rollouts", "rewards", "weights")
+
+
+def chain_of(exp: Experiment) -> tuple[str, ...]:
+    """The assets of an experiment's group; language models add a held-out evaluation per step."""
+    return CHAIN + ("evaluation",) if exp.kind == "verifiable_prompts" else CHAIN
 
 
 def step_partitions(exp: Experiment) -> StaticPartitionsDefinition:
@@ -43,9 +49,10 @@ def chain_specs(exp: Experiment) -> list[AssetSpec]:
         "rollouts": "Trajectories of every trial of the step, generated with the previous step's weights.",
         "rewards": "Verifier + rubric reward of every trajectory of the step, sorted by trial id.",
         "weights": "The policy after the step's GRPO update: the step's checkpoint.",
+        "evaluation": "Greedy accuracy of the step's weights on the held-out prompts (base model's too), off the critical path.",
     }
     specs, dep = [], None
-    for name in CHAIN:
+    for name in chain_of(exp):
         specs.append(
             AssetSpec(
                 AssetKey([exp.name, name]),
@@ -169,8 +176,11 @@ def _drive(
     info = _run_info(context, store)
     loop = loop_for(exp)
     policy = starting_policy(context.instance, exp, steps[0], store, loop)
-    engines = Engines(rollout.engine(exp), judge.engine(exp), trainer.engine(exp))
+    engines = Engines(rollout.engine(exp), judge.engine(exp), trainer.engine(exp, runner=pipes_runner(context)))
     for result in loop.iter_steps(exp, steps, policy, store, engines, context.log.warning):
+        if isinstance(result, EvaluationResult):
+            yield _evaluation_materialization(exp, result, info)
+            continue
         step = result.step
         context.log.info(
             f"step {step_key(step)}: {result.n_trials}/{result.n_trials_planned} trials, mean reward "
@@ -191,6 +201,26 @@ def _drive(
             )
         if step == exp.faults.crash_driver_at_step and result.cache["weights"] == "miss" and info["attempt"] == 0:
             raise SimulatedCrash(f"driver crash after step {step_key(step)} on attempt 0 (faults.crash_driver_at_step)")
+
+
+def _evaluation_materialization(exp: Experiment, result: EvaluationResult, info: dict) -> AssetMaterialization:
+    return AssetMaterialization(
+        asset_key=AssetKey([exp.name, "evaluation"]),
+        partition=step_key(result.step),
+        metadata={
+            "accuracy": MetadataValue.float(result.accuracy),
+            "base_accuracy": MetadataValue.float(result.base_accuracy),
+            "mean_reward": MetadataValue.float(result.mean_reward),
+            "n_prompts": MetadataValue.int(result.n),
+            "weights_version": MetadataValue.int(result.weights_version),
+            "cache": MetadataValue.text(result.cache),
+            "artifact_key": MetadataValue.text(result.ref.key),
+            "content_hash": MetadataValue.text(result.ref.content_hash),
+            "eval_s": MetadataValue.float(result.eval_s),
+            "attempt": MetadataValue.int(info["attempt"]),
+            "started_at": MetadataValue.text(info["started_at"]),
+        },
+    )
 
 
 def _report_checks(context: AssetExecutionContext, exp: Experiment, result: StepResult) -> list:

@@ -46,15 +46,24 @@ class SandboxRollouts:
         return with_retries(f"trial {spec.trial_id}", attempt, self.limits.max_retries, self.limits.timeout_s)
 
 
+def score_trajectory(exp, traj):
+    """The task's verifier + rubric: secret_search trajectories or language-model rollouts."""
+    if exp.kind == "verifiable_prompts":
+        from dagster_rl.lm.rewards import score
+
+        return score(traj, exp.rubric)
+    return judge(traj, exp.rubric, exp.task.max_turns)
+
+
 @dataclass(frozen=True)
 class RubricJudge:
     limits: Limits = Limits()
 
-    def judge(self, exp: Experiment, traj: Trajectory) -> Reward:
+    def judge(self, exp, traj):
         def attempt(n: int) -> Reward:
             counters.bump("judge_calls")
             maybe_fail(exp.faults.judge_flake_rate, n, exp.seed, "judge", traj.trial_id)
-            return judge(traj, exp.rubric, exp.task.max_turns)
+            return score_trajectory(exp, traj)
 
         return with_retries(f"judging {traj.trial_id}", attempt, self.limits.max_retries, self.limits.timeout_s)
 

@@ -6,7 +6,7 @@ asset group but shares the artifact cache, since artifacts are keyed by content,
 """
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -96,9 +96,14 @@ class ExperimentBase(Strict):
     def step_keys(self) -> list[str]:
         return [step_key(i) for i in range(self.n_steps)]
 
+    NOT_TRAINING: ClassVar[frozenset[str]] = frozenset({"name", "description", "fork_of", "n_steps", "faults", "checks"})
+
+    def training_inputs(self) -> dict[str, Any]:
+        """Every setting that changes what the steps compute (not names, steps, faults or checks)."""
+        return self.model_dump(mode="json", exclude=set(self.NOT_TRAINING))
+
     def training_hash(self) -> str:
-        """Hash of every setting that changes what the steps compute (not names, steps, faults or checks)."""
-        return content_hash(self.model_dump(mode="json", exclude={"name", "description", "fork_of", "n_steps", "faults", "checks"}))
+        return content_hash(self.training_inputs())
 
 
 class SecretSearchExperiment(ExperimentBase):
@@ -109,7 +114,10 @@ class SecretSearchExperiment(ExperimentBase):
     grpo: GRPOSettings = GRPOSettings()
 
 
-EXPERIMENT_KINDS: dict[str, type[ExperimentBase]] = {"secret_search": SecretSearchExperiment}
+def experiment_kinds() -> dict[str, type[ExperimentBase]]:
+    from dagster_rl.lm.experiment import LMExperiment  # imports this module: load it late
+
+    return {"secret_search": SecretSearchExperiment, "verifiable_prompts": LMExperiment}
 
 
 def _kind_of(raw: Any) -> str | None:
@@ -142,10 +150,10 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 def parse_experiment(raw: dict[str, Any]) -> ExperimentBase:
     """Validate settings against the experiment class of their `task.kind`."""
-    kind = _kind_of(raw)
-    if kind not in EXPERIMENT_KINDS:
-        raise ValueError(f"field 'task.kind': {kind!r} is not a task kind; use one of {sorted(EXPERIMENT_KINDS)}")
-    return EXPERIMENT_KINDS[kind].model_validate(raw)
+    kind, kinds = _kind_of(raw), experiment_kinds()
+    if kind not in kinds:
+        raise ValueError(f"field 'task.kind': {kind!r} is not a task kind; use one of {sorted(kinds)}")
+    return kinds[kind].model_validate(raw)
 
 
 def _validate(path: Path, raw: dict[str, Any]) -> ExperimentBase:

@@ -4,10 +4,11 @@ Walks the artifact store alone: every weights artifact names the rewards and pre
 trained from, every rewards artifact its rollouts, every rollouts artifact its behavior policy.
 """
 
+import json
+
 from pydantic import BaseModel
 
 from dagster_rl.hashing import content_hash
-from dagster_rl.records import Rewards, Rollouts, TabularWeights, TrainStats
 from dagster_rl.store import DATA, ArtifactStore
 
 STATS = "stats.json"
@@ -34,32 +35,35 @@ class StepLineage(BaseModel):
 
 
 def trace(store: ArtifactStore, weights_key: str) -> list[StepLineage]:
-    """The chain from `weights_key` back to the initial weights, newest step first."""
+    """The chain from `weights_key` back to the initial weights, newest step first.
+
+    Reads the lineage fields every task's artifacts share, so it serves every task kind.
+    """
     chain = []
     key = weights_key
     while True:
         files = store.get_all("weights", key)
         if STATS not in files:  # the initial weights: nothing trained them
             return chain
-        stats = TrainStats.model_validate_json(files[STATS])
-        weights = TabularWeights.model_validate_json(files[DATA])
-        rewards = store.get_model("rewards", stats.rewards_key, Rewards)
-        rollouts = store.get_model("rollouts", rewards.rollouts_key, Rollouts)
+        stats = json.loads(files[STATS])
+        rewards = json.loads(store.get("rewards", stats["rewards_key"], DATA))
+        rollouts = json.loads(store.get("rollouts", rewards["rollouts_key"], DATA))
+        version = stats["version"] if "version" in stats else json.loads(files[DATA])["version"]
         chain.append(
             StepLineage(
-                step=stats.step,
+                step=stats["step"],
                 weights_key=key,
                 weights_hash=store.ref("weights", key).content_hash,
-                weights_version=weights.version,
-                rewards_key=stats.rewards_key,
-                rewards_hash=stats.rewards_hash,
-                rubric=rewards.rubric,
-                rollouts_key=rewards.rollouts_key,
-                rollouts_hash=rewards.rollouts_hash,
-                behavior_policy=rollouts.behavior_policy,
-                n_trajectories=len(rollouts.trajectories),
-                skipped=rollouts.skipped,
-                seeds={t.trial_id: t.seed for t in rollouts.trajectories},
+                weights_version=version,
+                rewards_key=stats["rewards_key"],
+                rewards_hash=stats["rewards_hash"],
+                rubric=rewards["rubric"],
+                rollouts_key=rewards["rollouts_key"],
+                rollouts_hash=rewards["rollouts_hash"],
+                behavior_policy=rollouts["behavior_policy"],
+                n_trajectories=len(rollouts["trajectories"]),
+                skipped=rollouts["skipped"],
+                seeds={t["trial_id"]: t["seed"] for t in rollouts["trajectories"]},
             )
         )
-        key = stats.prev_weights_key
+        key = stats["prev_weights_key"]

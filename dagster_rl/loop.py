@@ -47,6 +47,20 @@ class StepResult(BaseModel):
     checks: list[CheckOutcome]
 
 
+class EvaluationResult(BaseModel):
+    """Held-out evaluation of the weights of one step, produced off the critical path."""
+
+    step: int
+    weights_version: int
+    n: int
+    accuracy: float
+    mean_reward: float
+    base_accuracy: float
+    cache: str
+    ref: ArtifactRef
+    eval_s: float
+
+
 @dataclass(frozen=True)
 class Engines:
     """The environments one loop calls: built by the Dagster resources, or directly in a plain loop."""
@@ -63,7 +77,7 @@ class TaskLoop(Protocol):
 
     def iter_steps(
         self, exp: Any, steps: list[int], policy: Policy, store: ArtifactStore, engines: Engines, warn: Warn
-    ) -> Iterator[StepResult]: ...
+    ) -> Iterator[StepResult | EvaluationResult]: ...
 
 
 def loop_for(exp: Any) -> TaskLoop:
@@ -71,4 +85,8 @@ def loop_for(exp: Any) -> TaskLoop:
         from dagster_rl.secret_search.loop import SecretSearchLoop
 
         return SecretSearchLoop()
+    if exp.kind == "verifiable_prompts":
+        from dagster_rl.lm.taskloop import LMLoop
+
+        return LMLoop()
     raise ValueError(f"no training loop for task kind {exp.kind!r}")

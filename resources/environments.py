@@ -21,12 +21,17 @@ class _Environment(ConfigurableResource):
 
 
 class RolloutEnvironment(_Environment):
-    """Runs trials: the sandboxed secret_search agent, in-process."""
+    """Runs trials in-process: the sandboxed secret_search agent, or batched `transformers`
+    generation of a language-model policy."""
 
     backend: Literal["in_process"] = "in_process"
     sandbox_root: str = Field("", description="where trial sandboxes are made; empty means the system temp dir")
 
-    def engine(self, exp: ExperimentBase) -> SandboxRollouts:
+    def engine(self, exp: ExperimentBase):
+        if exp.kind == "verifiable_prompts":
+            from dagster_rl.lm.environments import HFRollouts
+
+            return HFRollouts(limits=self.limits())
         root = Path(self.sandbox_root or tempfile.gettempdir()) / "dagster_rl_sandboxes"
         return SandboxRollouts(sandbox_root=root, limits=self.limits())
 
@@ -41,12 +46,17 @@ class JudgeEnvironment(_Environment):
 
 
 class TrainerEnvironment(_Environment):
-    """Runs the policy update, in-process."""
+    """Runs the policy update: in-process, or (language models, `trainer.backend: torchrun` in the
+    experiment) `torchrun` on this machine, launched by `runner` (Dagster Pipes from the driver)."""
 
     backend: Literal["in_process"] = "in_process"
     max_retries: int = Field(0, ge=0)
     timeout_s: float = Field(3600.0, gt=0)
     max_concurrency: int = Field(1, ge=1)
 
-    def engine(self, exp: ExperimentBase) -> InProcessTrainer:
+    def engine(self, exp: ExperimentBase, runner=None):
+        if exp.kind == "verifiable_prompts":
+            from dagster_rl.lm.environments import LMTrainer, subprocess_runner
+
+            return LMTrainer(limits=self.limits(), runner=runner or subprocess_runner)
         return InProcessTrainer(limits=self.limits())

@@ -1,6 +1,7 @@
 """Shared fixtures: experiments written to temp dirs, a real SQLite Dagster instance per test."""
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,11 +10,17 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("DAGSTER_RL_MODEL_CACHE", str(Path(tempfile.gettempdir()) / "dagster-rl-test-models"))
 
 
 def demo_settings(**overrides) -> dict:
     """The demo experiment's settings, with overrides merged one level deep."""
-    raw = yaml.safe_load((REPO / "experiments" / "demo.yaml").read_text())
+    return shipped_settings("demo", **overrides)
+
+
+def shipped_settings(experiment: str, **overrides) -> dict:
+    """The settings of `experiments/<name>.yaml`, with overrides merged one level deep."""
+    raw = yaml.safe_load((REPO / "experiments" / f"{experiment}.yaml").read_text())
     for key, value in overrides.items():
         raw[key] = {**raw[key], **value} if isinstance(value, dict) and isinstance(raw.get(key), dict) else value
     return raw

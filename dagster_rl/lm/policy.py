@@ -21,10 +21,12 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from dagster_rl.errors import DagsterRLError
 from dagster_rl.hashing import canonical_json, content_hash, sha256_hex
 from dagster_rl.lm.settings import GRPOLMSettings, LoRASettings, PolicySettings
+from dagster_rl.lm.tiny import resolve_model
 
 ADAPTER = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -32,6 +34,7 @@ OPTIMIZER = "optimizer.safetensors"
 STATE = "trainer_state.json"
 CHECKPOINT_FILES = (ADAPTER, ADAPTER_CONFIG, OPTIMIZER, STATE)
 FORMAT = 1
+hf_logging.disable_progress_bar()
 
 
 class CheckpointError(DagsterRLError):
@@ -52,8 +55,9 @@ class Policy:
 
 def load_base(base_model: str, dtype: str = "float32") -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     try:
-        model = AutoModelForCausalLM.from_pretrained(base_model, dtype=getattr(torch, dtype))
-        tokenizer = AutoTokenizer.from_pretrained(base_model)
+        path = resolve_model(base_model)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as e:
         raise DagsterRLError(
             f"cannot load base model {base_model!r}: {e}. Give a local model folder, or a hub id that is "

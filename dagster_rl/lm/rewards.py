@@ -6,24 +6,13 @@ reward = accuracy * [extracted answer == reference] + format * [the completion e
 
 import re
 
-from pydantic import Field
 
-from dagster_rl.experiment import Strict
 from dagster_rl.lm.rollout_hf import LMRollout
+from dagster_rl.lm.settings import LMRubric
 from dagster_rl.lm.tasks import extract_answer
 from dagster_rl.records import Record
 
 ENDS_WITH_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?[\s.]*$")
-
-
-class LMRubric(Strict):
-    name: str = "accuracy"
-    accuracy: float = Field(1.0, ge=0.0)
-    format: float = Field(0.0, ge=0.0)
-
-    @property
-    def max_reward(self) -> float:
-        return self.accuracy + self.format
 
 
 class LMReward(Record):

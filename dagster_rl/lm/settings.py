@@ -45,3 +45,13 @@ class GRPOLMSettings(Strict):
     adam_eps: float = Field(1e-8, gt=0.0)
     max_grad_norm: float = Field(1.0, gt=0.0)
     advantage_eps: float = Field(1e-4, gt=0.0)
+
+
+class LMRubric(Strict):
+    name: str = "accuracy"
+    accuracy: float = Field(1.0, ge=0.0)
+    format: float = Field(0.0, ge=0.0)
+
+    @property
+    def max_reward(self) -> float:
+        return self.accuracy + self.format

@@ -13,6 +13,9 @@ Digits are always single tokens, and decoding gives back the text exactly ("12" 
 """
 
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -76,3 +79,34 @@ def save_tiny_model(directory: Path | str, seed: int = 0) -> Path:
     tiny_model(seed).save_pretrained(directory, safe_serialization=True)
     tiny_tokenizer().save_pretrained(directory)
     return directory
+
+
+BUILTIN_PREFIX = "builtin:"
+BUILTINS = {"tiny-qwen2": 0}  # name -> seed of its random weights
+
+
+def model_cache_dir() -> Path:
+    return Path(os.environ.get("DAGSTER_RL_MODEL_CACHE", Path.home() / ".cache" / "dagster_rl" / "models"))
+
+
+def resolve_model(name: str) -> str:
+    """`builtin:tiny-qwen2` -> a model folder built in code once per machine; anything else as given.
+
+    Experiments and checkpoints keep the logical name, so artifact keys do not depend on where a
+    machine keeps its model cache.
+    """
+    if not name.startswith(BUILTIN_PREFIX):
+        return name
+    builtin = name[len(BUILTIN_PREFIX) :]
+    if builtin not in BUILTINS:
+        raise ValueError(f"no built-in model {builtin!r}; built-in models: {', '.join(BUILTINS)}")
+    folder = model_cache_dir() / builtin
+    if not (folder / "config.json").exists():
+        tmp = Path(tempfile.mkdtemp(prefix=f".{builtin}-", dir=folder.parent if folder.parent.exists() else None))
+        save_tiny_model(tmp, BUILTINS[builtin])
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            tmp.rename(folder)
+        except OSError:  # another process built it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(folder)

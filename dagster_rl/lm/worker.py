@@ -8,6 +8,7 @@ step. Global rank 0 then writes `<output_dir>/checkpoint/` (see `policy`) and
 asset key). Other ranks write and report nothing. Process group: nccl with CUDA, gloo without.
 """
 
+import gc
 import json
 import os
 import sys
@@ -94,6 +95,7 @@ def _setup() -> tuple[int, int, torch.device]:
 def run_job(job: TrainJob, report=None) -> TrainMetrics:
     """Run the step on this rank; rank 0 writes the outputs. `report(metrics, checkpoint_hash)` on rank 0."""
     rank, world, device = _setup()
+    ddp = None
     try:
         checkpoint = load_checkpoint(job.input_checkpoint) if job.input_checkpoint else None
         policy = load_policy(job.policy, checkpoint)
@@ -127,6 +129,10 @@ def run_job(job: TrainJob, report=None) -> TrainMetrics:
                 report(metrics, checkpoint_hash(files))
         return metrics
     finally:
+        # Free DDP's reducer while the process group lives: destroying the group first deadlocks
+        # (its destructor holds a lock that a gloo thread, waiting for the GIL, needs).
+        del ddp
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from collections.abc import Iterator
 
 from dagster_rl import counters
-from dagster_rl.checks import step_checks
+from dagster_rl.checks import prior_finite, step_checks
 from dagster_rl.environments import InProcessTrainer, RubricJudge, SandboxRollouts
 from dagster_rl.errors import TooFewTrialsError
 from dagster_rl.experiment import SecretSearchExperiment as Experiment
@@ -263,7 +263,7 @@ def run_step(
             "grad_norm": stats.grad_norm,
         },
         timings=timings,
-        checks=step_checks(exp, new_policy.weights, usable, len(specs)),
+        checks=step_checks(exp, prior_finite(new_policy.weights), usable, len(specs)),
     )
     return result, new_policy
 

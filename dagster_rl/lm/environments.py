@@ -1,0 +1,108 @@
+"""The language-model environments: batched HF generation, and the GRPO trainer in-process or on torchrun.
+
+Both run the code the pods run: the trainer writes a job folder and runs `dagster_rl.lm.worker`
+either in this process or under `torchrun` through a `runner` (Dagster Pipes from the driver, or a
+plain subprocess).
+"""
+
+import os
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dagster_rl import counters
+from dagster_rl.environments import Limits
+from dagster_rl.faults import maybe_fail
+from dagster_rl.lm.experiment import LMExperiment
+from dagster_rl.lm.policy import Policy, checkpoint_hash, load_checkpoint, load_policy, save_checkpoint
+from dagster_rl.lm.rewards import LMReward
+from dagster_rl.lm.rollout_hf import LMRollout, RolloutRequest, generate_rollouts
+from dagster_rl.lm.trainer import TrainMetrics
+from dagster_rl.lm.worker import CHECKPOINT_DIR, METRICS, TrainBatch, TrainJob, launch_torchrun, run_job, write_job
+from dagster_rl.retries import with_retries
+
+REPO = Path(__file__).resolve().parents[2]
+Runner = Callable[[list[str], dict[str, str]], None]
+
+
+def subprocess_runner(command: list[str], env: dict[str, str]) -> None:
+    proc = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"trainer command {' '.join(command)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+
+
+class PolicyCache:
+    """Loaded policies by checkpoint hash: generation reuses the model of a version it has seen."""
+
+    def __init__(self, size: int = 2):
+        self.size, self._items, self._lock = size, {}, threading.Lock()
+
+    def get(self, exp: LMExperiment, files: dict[str, bytes]) -> Policy:
+        key = checkpoint_hash(files)
+        with self._lock:
+            if key not in self._items:
+                if len(self._items) >= self.size:
+                    self._items.pop(next(iter(self._items)))
+                self._items[key] = load_policy(exp.policy, files)
+            return self._items[key]
+
+
+@dataclass
+class HFRollouts:
+    """In-process `transformers` generation of a step's requests with the behavior adapter."""
+
+    limits: Limits = Limits()
+    policies: PolicyCache = field(default_factory=PolicyCache)
+
+    def generate(self, exp: LMExperiment, requests: Sequence[RolloutRequest], behavior: dict[str, bytes], template: str) -> list[LMRollout]:
+        policy = self.policies.get(exp, behavior)
+
+        def attempt(n: int) -> list[LMRollout]:
+            counters.bump("trials_executed", len(requests))
+            maybe_fail(exp.faults.flaky_trial_rate, n, exp.seed, "generate", requests[0].trial_id if requests else "")
+            return generate_rollouts(policy, requests, exp.sampling, template)
+
+        return with_retries(f"generating {len(requests)} rollouts", attempt, self.limits.max_retries, self.limits.timeout_s)
+
+
+@dataclass(frozen=True)
+class LMTrainer:
+    """One GRPO update through the worker entrypoint: in this process, or `torchrun` via `runner`."""
+
+    limits: Limits = Limits(max_retries=0, timeout_s=3600.0, max_concurrency=1)
+    runner: Runner = subprocess_runner
+    workdir: Path | None = None
+
+    def train(
+        self, exp: LMExperiment, previous: dict[str, bytes], rollouts: list[LMRollout], rewards: list[LMReward]
+    ) -> tuple[dict[str, bytes], TrainMetrics]:
+        def attempt(n: int) -> tuple[dict[str, bytes], TrainMetrics]:
+            counters.bump("train_calls")
+            with tempfile.TemporaryDirectory(prefix="dagster-rl-train-", dir=self.workdir) as tmp:
+                return self._run(exp, previous, rollouts, rewards, Path(tmp))
+
+        return with_retries("training", attempt, self.limits.max_retries, self.limits.timeout_s)
+
+    def _run(self, exp, previous, rollouts, rewards, tmp: Path) -> tuple[dict[str, bytes], TrainMetrics]:
+        (tmp / "batch.json").write_text(TrainBatch(rollouts=rollouts, rewards=rewards).model_dump_json())
+        job = TrainJob(
+            policy=exp.policy,
+            grpo=exp.grpo,
+            input_checkpoint=str(save_checkpoint(tmp / "input", previous)),
+            batch=str(tmp / "batch.json"),
+            output_dir=str(tmp / "output"),
+        )
+        job_path = write_job(job, tmp / "job.json")
+        if exp.trainer.backend == "in_process":
+            run_job(job)
+        else:
+            env = {
+                "OMP_NUM_THREADS": str(exp.trainer.threads_per_process),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            }
+            self.runner(launch_torchrun(job_path, exp.trainer.nproc_per_node), env)
+        out = tmp / "output"
+        return load_checkpoint(out / CHECKPOINT_DIR), TrainMetrics.model_validate_json((out / METRICS).read_text())

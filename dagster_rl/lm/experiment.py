@@ -1,0 +1,47 @@
+"""The language-model experiment: GRPO over a LoRA adapter on prompts with verifiable answers."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from dagster_rl.experiment import ExperimentBase, Strict
+from dagster_rl.lm.settings import GRPOLMSettings, LMRubric, PolicySettings, SamplingSettings
+from dagster_rl.lm.tasks import PromptSource, SyntheticPrompts
+
+
+class VerifiablePromptsTask(Strict):
+    kind: Literal["verifiable_prompts"] = "verifiable_prompts"
+    source: PromptSource = SyntheticPrompts()
+    eval_max_new_tokens: int | None = Field(None, ge=1, description="greedy evaluation length; default: sampling's")
+
+
+class LMTrainerSettings(Strict):
+    """Where the update runs. `torchrun`: `nproc_per_node` worker processes on this machine (gloo on
+    the CPU, nccl with CUDA) through the same entrypoint the Kubernetes pods run."""
+
+    backend: Literal["in_process", "torchrun"] = "in_process"
+    nproc_per_node: int = Field(1, ge=1)
+    threads_per_process: int = Field(1, ge=1, description="torch threads of each trainer process")
+
+
+class LMExperiment(ExperimentBase):
+    task: VerifiablePromptsTask
+    policy: PolicySettings
+    sampling: SamplingSettings = SamplingSettings()
+    rubric: LMRubric = LMRubric()
+    grpo: GRPOLMSettings = GRPOLMSettings()
+    trainer: LMTrainerSettings = LMTrainerSettings()
+    max_policy_lag: Literal[0, 1] = Field(
+        0, description="1: generate step k+1 with the weights of step k-1 while step k trains (the clipped ratio corrects)"
+    )
+    generation_threads: int = Field(1, ge=1, description="torch threads of generation in the driver process")
+
+    NOT_TRAINING = ExperimentBase.NOT_TRAINING | {"generation_threads", "trainer"}
+
+    def training_inputs(self) -> dict:
+        # the trainer's backend and threads do not change the numbers; its world size does (all-reduce order)
+        return super().training_inputs() | {"world_size": self.world_size}
+
+    @property
+    def world_size(self) -> int:
+        return self.trainer.nproc_per_node if self.trainer.backend == "torchrun" else 1
