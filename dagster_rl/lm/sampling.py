@@ -19,21 +19,37 @@ class Generation:
     finish_reason: str  # "stop" (eos sampled, included) or "length"
 
 
-def choose_token(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
-    """One token from a (V,) row of logits; consumes exactly one uniform of `generator` unless greedy."""
+def choose_tokens(
+    logits: torch.Tensor, temperature: float, top_p: float, generators: list[torch.Generator | None], rows: list[int] | None = None
+) -> list[int]:
+    """One token for each of `rows` (default: all) of (B, V) logits; row i consumes exactly one uniform of
+    generators[i] unless greedy.
+
+    Vectorized over rows, and row-wise exact: every op (softmax, sort, cumsum, searchsorted) works
+    along the vocabulary of one row alone, so a row's token is the one `choose_token` gives it alone.
+    """
+    rows = list(range(logits.shape[0])) if rows is None else rows
+    if not rows:
+        return []
+    logits = logits[rows] if len(rows) != logits.shape[0] else logits
     if temperature == 0:
-        return int(torch.argmax(logits))
+        return torch.argmax(logits, dim=-1).tolist()
     probs = torch.softmax(logits.double() / temperature, dim=-1)
-    sorted_p, order = torch.sort(probs, descending=True, stable=True)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     kept = sorted_p
     if top_p < 1.0:
-        before = torch.cumsum(sorted_p, 0) - sorted_p  # mass of the tokens ranked above each one
+        before = torch.cumsum(sorted_p, -1) - sorted_p  # mass of the tokens ranked above each one
         kept = torch.where(before < top_p, sorted_p, torch.zeros_like(sorted_p))
-        kept[0] = sorted_p[0]
-    cdf = torch.cumsum(kept, 0)
-    u = torch.rand((), generator=generator, dtype=torch.float64)
-    i = int(torch.searchsorted(cdf, u * cdf[-1], right=True).clamp(max=len(cdf) - 1))
-    return int(order[i])
+        kept[:, 0] = sorted_p[:, 0]
+    cdf = torch.cumsum(kept, -1)
+    u = torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64) for i in rows])
+    i = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=cdf.shape[-1] - 1)
+    return order.gather(-1, i)[:, 0].tolist()
+
+
+def choose_token(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
+    """One token from a (V,) row of logits; consumes exactly one uniform of `generator` unless greedy."""
+    return choose_tokens(logits[None], temperature, top_p, [generator])[0]
 
 
 def _cache_kwarg(out) -> dict:
@@ -70,15 +86,12 @@ def generate(
     done = [False] * len(prompts)
     for t in range(sampling.max_new_tokens):
         logits = out.logits[:, -1].float().cpu()
-        step_tokens = []
-        for i in range(len(prompts)):
-            if done[i]:
-                step_tokens.append(pad_id)
-                continue
-            tok = choose_token(logits[i], sampling.temperature, sampling.top_p, gens[i])
+        active = [i for i in range(len(prompts)) if not done[i]]
+        step_tokens = [pad_id] * len(prompts)
+        for i, tok in zip(active, choose_tokens(logits, sampling.temperature, sampling.top_p, gens, active)):
             completions[i].append(tok)
             done[i] = tok == eos_id
-            step_tokens.append(tok)
+            step_tokens[i] = tok
         if all(done) or t + 1 == sampling.max_new_tokens:
             break
         mask = torch.cat([mask, torch.ones((len(prompts), 1), dtype=mask.dtype, device=device)], dim=1)
