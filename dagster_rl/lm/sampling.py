@@ -81,7 +81,8 @@ def generate(
     ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    # logits of the last position only: the (B, width, V) ones of a real vocabulary are gigabytes
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
     completions: list[list[int]] = [[] for _ in prompts]
     done = [False] * len(prompts)
     for t in range(sampling.max_new_tokens):
