@@ -147,10 +147,10 @@ def run_ours(args, model_dir: Path) -> dict:
 def run_trl(args, model_dir: Path) -> dict:
     import torch
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from dagster_rl.lm.policy import lora_config
     from dagster_rl.lm.rewards import score_text
     from dagster_rl.lm.tasks import SyntheticPrompts, load_prompt_set, prompts_for_step, render
 
@@ -162,16 +162,7 @@ def run_trl(args, model_dir: Path) -> dict:
     def reward(completions, reference, **_):
         return [sum(score_text(c, ref, rubric)[1].values()) for c, ref in zip(completions, reference)]
 
-    lora = LORA
-    peft_config = LoraConfig(
-        r=lora.rank,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        bias="none",
-        task_type="CAUSAL_LM",
-        init_lora_weights=True,
-    )
+    peft_config = lora_config(LORA)
     batch = args.prompts * args.samples
     config = GRPOConfig(
         output_dir=str(model_dir.parent / "trl-out"),
