@@ -5,6 +5,7 @@ import torch
 from dagster_rl.lm.logprobs import completion_logprobs
 from dagster_rl.lm.policy import make_optimizer
 from dagster_rl.lm.rollout_hf import generate_rollouts, plan_requests
+from dagster_rl.lm.sampling import choose_token, choose_tokens, uniforms
 from dagster_rl.lm.tasks import SyntheticPrompts, load_prompt_set, prompts_for_step
 from dagster_rl.lm.trainer import build_samples, train_step
 from tests.lm_fixtures import GRPO, SAMPLING, fresh_policy, step_batch, tiny_dir  # noqa: F401
@@ -46,3 +47,19 @@ def test_first_on_policy_step_has_ratio_exactly_one_and_kl_exactly_zero(tiny_dir
     samples, facts = build_samples(rollouts, rewards, GRPO.advantage_eps)
     m1 = train_step(policy, optimizer, samples, len(samples), GRPO, facts)
     assert m1.ratio == 1.0 and m1.kl > 0.0 and m1.version == 2
+
+
+def test_vectorized_sampling_draws_each_row_as_alone():
+    """choose_tokens over a batch (a subset of rows active) gives every row the token choose_token gives it alone,
+    and a row's uniforms drawn up front are the ones it would draw one token at a time."""
+    torch.manual_seed(0)
+    for temperature, top_p in ((1.0, 1.0), (0.7, 0.9), (1.3, 0.3), (0.0, 1.0)):
+        logits = torch.randn(9, 3, 68)[:, -1] * 3  # a strided view, as in generate
+        logits[4, :40] = 0.0  # ties
+        rows = [0, 2, 3, 4, 8]
+        batched = choose_tokens(logits, temperature, top_p, torch.stack([uniforms(i, 1)[0] for i in rows]), rows)
+        alone = [choose_token(logits[i].clone(), temperature, top_p, torch.Generator().manual_seed(i)) for i in rows]
+        assert batched == alone
+    for seed in (0, 7, 2**64 - 1):
+        one_at_a_time = torch.Generator().manual_seed(seed % 2**63)
+        assert uniforms(seed, 40).tolist() == [torch.rand((), generator=one_at_a_time, dtype=torch.float64).item() for _ in range(40)]

@@ -14,7 +14,8 @@ def completion_logprobs(model: torch.nn.Module, prompt_ids: list[int], completio
     if not completion_ids:
         raise ValueError("a completion of no tokens has no log-probabilities; drop the empty rollout")
     ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=_device(model))
-    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt_ids) - 1 : -1].float()
+    # the head runs on the positions that predict a completion token (and the last) only
+    logits = model(input_ids=ids, use_cache=False, logits_to_keep=len(completion_ids) + 1).logits[0, :-1].float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)

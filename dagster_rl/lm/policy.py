@@ -68,9 +68,9 @@ def load_base(base_model: str, dtype: str = "float32") -> tuple[torch.nn.Module,
     return model, tokenizer
 
 
-def attach_lora(model: torch.nn.Module, lora: LoRASettings) -> PeftModel:
-    """Wrap `model` with a fresh adapter: A drawn from lora.init_seed (global RNG untouched), B = 0."""
-    config = LoraConfig(
+def lora_config(lora: LoRASettings) -> LoraConfig:
+    """PEFT's config of the adapter the settings describe (B initialized to 0)."""
+    return LoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
@@ -79,6 +79,11 @@ def attach_lora(model: torch.nn.Module, lora: LoRASettings) -> PeftModel:
         task_type="CAUSAL_LM",
         init_lora_weights=True,
     )
+
+
+def attach_lora(model: torch.nn.Module, lora: LoRASettings) -> PeftModel:
+    """Wrap `model` with a fresh adapter: A drawn from lora.init_seed (global RNG untouched), B = 0."""
+    config = lora_config(lora)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(lora.init_seed)
         try:

@@ -63,13 +63,18 @@ def generate_rollouts(
     tok = policy.tokenizer
     model = policy.model.eval()
     rollouts: list[LMRollout] = []
+    # Log-probs are a pure function of the sequence: samples of a group that sampled the same
+    # completion (common once the policy is sure of itself) share one forward, bit for bit.
+    logps: dict[tuple[tuple[int, ...], tuple[int, ...]], list[float]] = {}
     for start in range(0, len(requests), batch_size):
         batch = list(requests[start : start + batch_size])
         prompt_ids = [tok(render(r.item, template))["input_ids"] for r in batch]
         gens = generate(model, prompt_ids, [r.seed for r in batch], sampling, tok.eos_token_id, tok.pad_token_id)
         for r, ids, g in zip(batch, prompt_ids, gens):
-            with torch.no_grad():
-                logp = completion_logprobs(model, ids, g.completion_ids, sampling.temperature)
+            key = (tuple(ids), tuple(g.completion_ids))
+            if key not in logps:
+                with torch.inference_mode():
+                    logps[key] = completion_logprobs(model, ids, g.completion_ids, sampling.temperature).tolist()
             rollouts.append(
                 LMRollout(
                     trial_id=r.trial_id,
@@ -82,7 +87,7 @@ def generate_rollouts(
                     prompt_token_ids=ids,
                     completion_token_ids=g.completion_ids,
                     completion_text=tok.decode(g.completion_ids, skip_special_tokens=True),
-                    sampling_logprobs=[float(x) for x in logp],
+                    sampling_logprobs=list(logps[key]),
                     finish_reason=g.finish_reason,
                     temperature=sampling.temperature,
                     top_p=sampling.top_p,

@@ -113,10 +113,12 @@ def train_step(
         torch.manual_seed(seed_of("train-step", policy.version))  # LoRA dropout, if any: same on every replay
         model.train()
         optimizer.zero_grad(set_to_none=True)
+        # every reference forward under one disable_adapter(): entering and leaving it walks every
+        # module of the model, which costs more than a forward of the tiny model
+        with torch.no_grad(), model.disable_adapter():
+            refs = [completion_logprobs(model, s.prompt_ids, s.completion_ids, s.temperature) for s in samples]
         with ddp.no_sync() if ddp is not None else nullcontext():
-            for s in samples:
-                with torch.no_grad(), model.disable_adapter():
-                    ref = completion_logprobs(model, s.prompt_ids, s.completion_ids, s.temperature)
+            for s, ref in zip(samples, refs):
                 new = completion_logprobs(forward_model, s.prompt_ids, s.completion_ids, s.temperature)
                 old = torch.tensor(s.old_logp, dtype=torch.float32, device=new.device)
                 loss, stats = grpo_sample_loss(new, old, ref, s.advantage, grpo.clip_eps, grpo.kl_beta)

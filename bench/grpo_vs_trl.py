@@ -1,0 +1,356 @@
+"""Our in-process GRPO step against TRL's GRPOTrainer: wall time per step and peak memory.
+
+Both engines train the same tiny Qwen2 (built in code) with the same LoRA adapter (same config: every
+attention and MLP projection, not lm_head, which TRL refuses to adapt; the same initial weights, copied into TRL's), on the same synthetic prompts (step k gets the prompts of
+`prompts_for_step(seed, k)` in both), the same reward (`rewards.score_text` with the rubric
+accuracy 1 + format 0.5), the same batch (prompts x samples completions per optimizer step), max
+new tokens, temperature/top-p, lr (constant), AdamW betas/eps, grad clip, beta (KL) and epsilon
+(clip), for the same number of steps, on the CPU with the same torch thread count. Each engine runs
+in its own subprocess, so their memory peaks do not mix.
+
+TRL is configured to match ours as far as it can: num_generations = samples,
+per_device_train_batch_size = prompts x samples, gradient_accumulation_steps = steps_per_generation
+= num_iterations = 1 (one generation and one optimizer step per step, on-policy), loss_type "grpo"
+(per-sequence token mean, then the mean over sequences: our loss), importance_sampling_level
+"token", scale_rewards "group" ((r - mean) / (std + 1e-4) per prompt, TRL's std with Bessel's
+correction where ours is the population std: a scale of the advantages, not of the work),
+reference = the base with the adapter disabled (TRL does that when given a LoraConfig), top_k 0,
+use_vllm False, use_cpu, no logging, reporting, saving or shuffling.
+
+Where time goes, per step (median over the steps after the first, which is reported apart):
+- decode: sampling the tokens (ours: `sampling.generate`; TRL: its `_generate`, a model.generate);
+- no-grad log-probs: ours: the exact behavior log-probs of every rollout (a forward of its own
+  sequence) and the trainer's reference forwards; TRL: its batched reference forward;
+- reward: scoring (and ours: group advantages);
+- train: the rest: the forwards with grad, backwards and the optimizer step.
+Memory: RSS when the first step starts, the high-water mark of RSS during the steps (VmHWM reset at
+the first step) and the process's peak (imports and setup included).
+
+TRL is not a project dependency. Without it the TRL row is skipped with a message. Install it in a
+separate venv, never into the project's (torch pinned: an unpinned one pulls a CUDA build):
+
+    python3.11 -m venv /work/benchenv
+    /work/benchenv/bin/pip install torch==2.13.0
+    /work/benchenv/bin/pip install 'transformers==5.24.0' 'peft>=0.21,<0.22' 'trl==1.16.0' 'pydantic>=2.7,<3' pyyaml fsspec
+
+(trl 1.16.0 requires transformers>=4.56.2 and no torch pin: it runs on torch 2.13 and transformers 5.24.)
+
+then run (ours with the project's venv, TRL with the other; or both with the other):
+
+    PYTHONPATH=. .venv/bin/python bench/grpo_vs_trl.py --trl-python /work/benchenv/bin/python
+        [--steps 6] [--rounds 2] [--prompts 4] [--samples 8] [--max-new-tokens 8] [--threads 1]
+        [--hidden 256 --layers 4]  (a larger model)
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import lm_common  # sets the offline environment and sys.path first
+
+from dagster_rl.lm.settings import ATTENTION_AND_MLP  # noqa: E402
+
+PHASES = ("decode", "nograd_logp", "reward")
+RUBRIC = {"name": "accuracy", "accuracy": 1.0, "format": 0.5}
+# TRL refuses an adapter on lm_head (it reads lm_head.weight directly), so both engines adapt the
+# project's default modules: every attention and MLP projection.
+LORA = lm_common.LORA.model_copy(update={"target_modules": ATTENTION_AND_MLP})
+OPS = ("copy", "add")
+
+
+class Clock:
+    """Seconds per phase of the current step, from wrapped functions."""
+
+    def __init__(self) -> None:
+        self.now: dict[str, float] = defaultdict(float)
+        self.steps: list[dict[str, float]] = []
+
+    def wrap(self, phase, fn, when=lambda: True):
+        def timed(*a, **kw):
+            if not when():
+                return fn(*a, **kw)
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.now[phase] += time.perf_counter() - t0
+
+        return timed
+
+    def start(self) -> None:
+        self.now = defaultdict(float)
+        self.t0 = time.perf_counter()
+
+    def stop(self, **extra: float) -> None:
+        self.steps.append({"step": time.perf_counter() - self.t0, **self.now, **extra})
+
+
+def rss_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def reset_hwm() -> int:
+    """Reset the RSS high-water mark (Linux) and return RSS now, KiB."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    return rss_kib("VmRSS")
+
+
+def settings(args):
+    from dagster_rl.lm.rewards import LMRubric
+    from dagster_rl.lm.settings import GRPOLMSettings, SamplingSettings
+
+    sampling = SamplingSettings(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
+    grpo = GRPOLMSettings(learning_rate=args.lr, kl_beta=args.beta, clip_eps=args.epsilon, max_grad_norm=1.0)
+    return sampling, grpo, LMRubric(**RUBRIC)
+
+
+def run_ours(args, model_dir: Path) -> dict:
+    import torch
+
+    from dagster_rl.lm import loop, rollout_hf, trainer
+    from dagster_rl.lm.policy import make_optimizer
+    from dagster_rl.lm.tasks import SyntheticPrompts, load_prompt_set
+
+    sampling, grpo, rubric = settings(args)
+    policy = lm_common.make_policy(model_dir, LORA)
+    optimizer = make_optimizer(policy, grpo)
+    prompt_set = load_prompt_set(SyntheticPrompts(ops=OPS))
+    clock = Clock()
+    no_grad = lambda: not torch.is_grad_enabled()  # noqa: E731
+    rollout_hf.generate = clock.wrap("decode", rollout_hf.generate)
+    rollout_hf.completion_logprobs = clock.wrap("nograd_logp", rollout_hf.completion_logprobs)
+    trainer.completion_logprobs = clock.wrap("nograd_logp", trainer.completion_logprobs, when=no_grad)
+    loop.score = clock.wrap("reward", loop.score)
+    loop.build_samples = clock.wrap("reward", loop.build_samples)
+    rss_start = reset_hwm()
+    for step in range(args.steps):
+        clock.start()
+        _, rewards, _ = loop.inprocess_step(
+            policy, optimizer, prompt_set, args.seed, step, args.prompts, args.samples, sampling, rubric, grpo
+        )
+        clock.stop(mean_reward=sum(r.reward for r in rewards) / len(rewards))
+    return {"steps": clock.steps, "rss_start": rss_start, "rss_hwm": rss_kib("VmHWM"), "peak": lm_common.peak_rss_mib() * 1024}
+
+
+def run_trl(args, model_dir: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from dagster_rl.lm.policy import lora_config
+    from dagster_rl.lm.rewards import score_text
+    from dagster_rl.lm.tasks import SyntheticPrompts, load_prompt_set, prompts_for_step, render
+
+    sampling, grpo, rubric = settings(args)
+    prompt_set = load_prompt_set(SyntheticPrompts(ops=OPS))
+    rows = [it for step in range(args.steps) for it in prompts_for_step(prompt_set.train, args.seed, step, args.prompts)]
+    dataset = Dataset.from_list([{"prompt": render(it, prompt_set.template), "reference": it.reference} for it in rows])
+
+    def reward(completions, reference, **_):
+        return [sum(score_text(c, ref, rubric)[1].values()) for c, ref in zip(completions, reference)]
+
+    peft_config = lora_config(LORA)
+    batch = args.prompts * args.samples
+    config = GRPOConfig(
+        output_dir=str(model_dir.parent / "trl-out"),
+        max_steps=args.steps,
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_generations=args.samples,
+        num_iterations=1,
+        max_completion_length=sampling.max_new_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=0,
+        learning_rate=grpo.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=grpo.weight_decay,
+        adam_beta1=grpo.betas[0],
+        adam_beta2=grpo.betas[1],
+        adam_epsilon=grpo.adam_eps,
+        max_grad_norm=grpo.max_grad_norm,
+        optim="adamw_torch",
+        beta=grpo.kl_beta,
+        epsilon=grpo.clip_eps,
+        loss_type="grpo",
+        importance_sampling_level="token",
+        scale_rewards="group",
+        mask_truncated_completions=False,
+        disable_dropout=True,
+        shuffle_dataset=False,
+        use_vllm=False,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        log_completions=False,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=args.seed,
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    trl = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tok, peft_config=peft_config)
+    # the same initial adapter as ours (LoRA A drawn from lora.init_seed; B = 0)
+    ours = dict(lm_common.make_policy(model_dir, LORA).trainable())
+    trained = [(n, p) for n, p in trl.model.named_parameters() if p.requires_grad]
+    if sorted(n for n, _ in trained) != sorted(ours):
+        raise SystemExit(f"TRL's adapter has other parameters than ours: {sorted(n for n, _ in trained)[:4]}...")
+    with torch.no_grad():
+        for n, p in trained:
+            p.copy_(ours[n])
+    del ours
+
+    clock = Clock()
+    no_grad = lambda: not torch.is_grad_enabled()  # noqa: E731
+    trl._generate = clock.wrap("decode", trl._generate)
+    trl._get_per_token_logps_and_entropies = clock.wrap("nograd_logp", trl._get_per_token_logps_and_entropies, when=no_grad)
+    rewards_seen: list[float] = []
+
+    def calculate_rewards(*a, **kw):
+        out = calculate(*a, **kw)
+        rewards_seen.append(float(out.nansum(dim=1).mean()))
+        return out
+
+    calculate = trl._calculate_rewards
+    trl._calculate_rewards = clock.wrap("reward", calculate_rewards)
+
+    class Steps(TrainerCallback):
+        def on_step_begin(self, *_, **__):
+            clock.start()
+
+        def on_step_end(self, *_, **__):
+            clock.stop(mean_reward=rewards_seen[-1] if rewards_seen else float("nan"))
+
+    trl.add_callback(Steps())
+    rss_start = reset_hwm()
+    trl.train()
+    return {
+        "steps": clock.steps,
+        "rss_start": rss_start,
+        "rss_hwm": rss_kib("VmHWM"),
+        "peak": lm_common.peak_rss_mib() * 1024,
+    }
+
+
+def worker(args) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    result = (run_ours if args.worker == "ours" else run_trl)(args, Path(args.model_dir))
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def spawn(python: str, engine: str, args, model_dir: Path) -> dict:
+    cmd = [python, str(Path(__file__).resolve()), "--worker", engine, "--model-dir", str(model_dir)]
+    for name in ("steps", "prompts", "samples", "max_new_tokens", "threads", "lr", "beta", "epsilon", "temperature", "top_p", "seed"):
+        cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"{engine} worker failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def trl_importable(python: str) -> str | None:
+    """None when `python` imports trl; else why not."""
+    done = subprocess.run([python, "-c", "import trl; print(trl.__version__)"], capture_output=True, text=True)
+    return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["no output"])[-1]
+
+
+def summary(runs: list[dict]) -> dict[str, float]:
+    later = [s for r in runs for s in r["steps"][1:]]
+    med = {k: statistics.median(s.get(k, 0.0) for s in later) for k in ("step", *PHASES)}
+    med["train"] = med["step"] - sum(med[p] for p in PHASES)
+    med["first"] = statistics.median(r["steps"][0]["step"] for r in runs)
+    med["reward_first"] = runs[0]["steps"][0]["mean_reward"]
+    med["reward_last"] = runs[0]["steps"][-1]["mean_reward"]
+    return med
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per step (GRPO groups)")
+    parser.add_argument("--samples", type=int, default=8, help="completions per prompt (TRL num_generations)")
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads in each engine's process")
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--beta", type=float, default=0.04, help="KL weight")
+    parser.add_argument("--epsilon", type=float, default=0.2, help="clip window")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each engine, alternated")
+    parser.add_argument("--trl-python", default=sys.executable, help="the python that has trl (default: this one)")
+    parser.add_argument("--worker", choices=("ours", "trl"), help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    if args.steps < 2:
+        parser.error("--steps must be >= 2: the first step is reported apart")
+
+    print(
+        f"GRPO step: {args.prompts} prompts x {args.samples} samples, {args.max_new_tokens} new tokens, {args.steps} steps, "
+        f"hidden {args.hidden}, {args.layers} layers, LoRA r{LORA.rank} on {','.join(LORA.target_modules)}, "
+        f"{args.threads} torch thread(s) per engine"
+    )
+    why = trl_importable(args.trl_python)
+    if why is not None:
+        print(
+            f"TRL skipped: `{args.trl_python} -c 'import trl'` failed ({why}). Install trl in a separate venv "
+            "(see this file's docstring) and pass --trl-python."
+        )
+    engines = {"ours": sys.executable, **({"trl": args.trl_python} if why is None else {})}
+    runs: dict[str, list[dict]] = {k: [] for k in engines}
+    with tempfile.TemporaryDirectory() as d:
+        model_dir = lm_common.save_model(Path(d) / "model", hidden=args.hidden, layers=args.layers)
+        for _ in range(args.rounds):  # alternated, so that a busy spell of the machine hits both
+            for name, python in engines.items():
+                runs[name].append(spawn(python, name, args, model_dir))
+    rows = {k: summary(v) for k, v in runs.items()}
+    results = {k: {m: max(r[m] for r in v) for m in ("rss_start", "rss_hwm", "peak")} for k, v in runs.items()}
+    print(f"\nseconds per step: median of steps 2..{args.steps} of {args.rounds} run(s) each; memory MiB, max over runs")
+    head = f"{'engine':<8}{'step s':>8}{'decode':>8}{'nograd':>8}{'reward':>8}{'train':>8}{'1st step':>10}{'RSS@start':>11}{'HWM steps':>11}{'peak':>8}{'reward 1st->last':>18}"
+    print(head)
+    for name, m in rows.items():
+        r = results[name]
+        print(
+            f"{name:<8}{m['step']:>8.3f}{m['decode']:>8.3f}{m['nograd_logp']:>8.3f}{m['reward']:>8.3f}{m['train']:>8.3f}"
+            f"{m['first']:>10.3f}{r['rss_start'] / 1024:>11.0f}{r['rss_hwm'] / 1024:>11.0f}{r['peak'] / 1024:>8.0f}"
+            f"{m['reward_first']:>9.2f} ->{m['reward_last']:>5.2f}"
+        )
+    print(
+        "decode: sampling tokens; nograd: no-grad log-prob forwards (ours: each rollout's exact behavior log-probs "
+        "and each sample's reference, one sequence a forward; TRL: one batched reference forward); "
+        "train: forwards with grad, backwards, optimizer (ours per sample, TRL batched)"
+    )
+    if "trl" in rows:
+        ratio = rows["ours"]["step"] / rows["trl"]["step"]
+        mem = results["ours"]["rss_hwm"] / results["trl"]["rss_hwm"]
+        print(f"ratio ours/TRL: step time {ratio:.2f} ({'meets' if ratio < 1 else 'misses'} the target < 1: ours faster), "
+              f"RSS high-water mark during the steps {mem:.2f}")
+
+
+if __name__ == "__main__":
+    main()

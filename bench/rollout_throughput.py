@@ -1,0 +1,141 @@
+"""Rollout tokens/s of our `hf` engine against a bare `model.generate` on the same batch.
+
+Same model with the same LoRA adapter attached (a PeftModel), same left-padded batch of synthetic
+prompts (prompts x samples rows), same max_new_tokens, temperature and top-p (top-k off), both
+stopping when every row has sampled eos. Only generated tokens count: per row up to and including
+its first eos, at most max_new_tokens. Rows:
+
+- `ours: generate_rollouts`: what a step runs: the seeded KV-cache decode loop, then for every
+  rollout the exact log-probs (a forward of its own unpadded sequence, the trainer's computation,
+  so that the on-policy ratio is 1 bit for bit), the decoded text and the records;
+- `ours: decode only`: `sampling.generate` alone, the part comparable to `model.generate`;
+- `bare model.generate`: transformers' sampling, which records nothing.
+
+Median of --repeats after one warm-up of each, the three interleaved; torch intra-op threads fixed
+by --threads (default 1, the share generation gets when it runs beside the trainer). Two sizes by
+default: the tiny model (hidden 64, 2 layers) and a larger one (hidden 256, 4 layers, 32 new
+tokens), so the ratio is not only Python overhead on a toy. Target: ours / bare >= 0.9.
+
+    PYTHONPATH=. .venv/bin/python bench/rollout_throughput.py [--repeats 5] [--threads 1]
+        [--sizes tiny,large] [--prompts 8] [--samples 8]
+"""
+
+import argparse
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import lm_common  # noqa: F401  (sets the offline environment and sys.path first)
+import torch
+
+from dagster_rl.lm.rollout_hf import generate_rollouts, plan_requests
+from dagster_rl.lm.sampling import generate
+from dagster_rl.lm.settings import SamplingSettings
+from dagster_rl.lm.tasks import SyntheticPrompts, load_prompt_set, prompts_for_step, render
+
+TARGET = 0.9
+
+
+@dataclass(frozen=True)
+class Size:
+    name: str
+    hidden: int
+    layers: int
+    max_new_tokens: int
+
+
+SIZES = {"tiny": Size("tiny", 64, 2, 16), "large": Size("large", 256, 4, 32)}
+
+
+def count_generated(rows: list[list[int]], eos_id: int) -> int:
+    """Tokens per row up to and including the first eos (what our rollouts keep)."""
+    return sum(row.index(eos_id) + 1 if eos_id in row else len(row) for row in rows)
+
+
+def bench_size(size: Size, args, root: Path) -> dict[str, tuple[int, float]]:
+    model_dir = lm_common.save_model(root / size.name, hidden=size.hidden, layers=size.layers)
+    policy = lm_common.make_policy(model_dir)
+    model, tok = policy.model.eval(), policy.tokenizer
+    prompt_set = load_prompt_set(SyntheticPrompts(ops=("copy", "add", "last")))
+    items = prompts_for_step(prompt_set.train, args.seed, 0, args.prompts)
+    requests = plan_requests(items, args.seed, 0, args.samples)
+    sampling = SamplingSettings(temperature=args.temperature, top_p=args.top_p, max_new_tokens=size.max_new_tokens)
+    rows = len(requests)
+    prompt_ids = [tok(render(r.item, prompt_set.template))["input_ids"] for r in requests]
+    width = max(len(p) for p in prompt_ids)
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompt_ids])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
+
+    def ours() -> int:
+        rollouts = generate_rollouts(policy, requests, sampling, prompt_set.template, batch_size=rows)
+        return sum(len(r.completion_token_ids) for r in rollouts)
+
+    def decode_only() -> int:
+        gens = generate(model, prompt_ids, [r.seed for r in requests], sampling, tok.eos_token_id, tok.pad_token_id)
+        return sum(len(g.completion_ids) for g in gens)
+
+    def bare() -> int:
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=0,
+                max_new_tokens=sampling.max_new_tokens,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+            )
+        return count_generated(out[:, width:].tolist(), tok.eos_token_id)
+
+    runs = {"ours: generate_rollouts": ours, "ours: decode only": decode_only, "bare model.generate": bare}
+    samples: dict[str, list[tuple[int, float]]] = {k: [] for k in runs}
+    for repeat in range(args.repeats + 1):
+        for name, fn in runs.items():
+            t0 = time.perf_counter()
+            tokens = fn()
+            wall = time.perf_counter() - t0
+            if repeat:  # the first round is the warm-up
+                samples[name].append((tokens, wall))
+    # median by tokens/s; tokens and wall of that same run
+    return {k: sorted(v, key=lambda tw: tw[0] / tw[1])[len(v) // 2] for k, v in samples.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--sizes", default="tiny,large", help=f"comma-separated, of {', '.join(SIZES)}")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=8, help="per prompt; rows = prompts x samples")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = args.prompts * args.samples
+    print(
+        f"rollout throughput: {rows} rows ({args.prompts} prompts x {args.samples} samples), temperature "
+        f"{args.temperature}, top-p {args.top_p}, {args.threads} torch thread(s), median of {args.repeats} after 1 warm-up"
+    )
+    with tempfile.TemporaryDirectory() as d:
+        for key in args.sizes.split(","):
+            size = SIZES[key.strip()]
+            result = bench_size(size, args, Path(d))
+            bare_tps = result["bare model.generate"][0] / result["bare model.generate"][1]
+            print(f"\n{size.name}: hidden {size.hidden}, {size.layers} layers, {size.max_new_tokens} new tokens")
+            print(f"{'engine':<26}{'tokens':>8}{'wall s':>10}{'tokens/s':>11}{'vs bare':>9}")
+            for name, (tokens, wall) in result.items():
+                print(f"{name:<26}{tokens:>8}{wall:>10.4f}{tokens / wall:>11.0f}{tokens / wall / bare_tps:>9.2f}")
+            ours, decode = result["ours: generate_rollouts"], result["ours: decode only"]
+            for label, (tokens, wall) in (("rollouts", ours), ("decode only", decode)):
+                ratio = tokens / wall / bare_tps
+                print(f"ratio ours/bare, {label}: {ratio:.2f} ({'meets' if ratio >= TARGET else 'misses'} the target >= {TARGET})")
+            print(f"exact log-probs, text and records: {ours[1] - decode[1]:.4f} s of the rollouts' {ours[1]:.4f} s")
+
+
+if __name__ == "__main__":
+    main()
