@@ -1,7 +1,6 @@
 """GRPO over LoRA through the Dagster driver: learning, evaluation, caching, pipelining, torchrun."""
 
 import pytest
-from safetensors.torch import load as load_safetensors
 
 from dagster_rl import counters
 from dagster_rl.experiment import step_key
@@ -14,11 +13,6 @@ CHAIN = ("rollouts", "rewards", "weights", "evaluation")
 
 def tiny(**overrides) -> dict:
     return shipped_settings("tiny_grpo", **overrides)
-
-
-def adapter(lab, name: str, step: str) -> dict:
-    key = lab.latest(name, "weights", step)["artifact_key"]
-    return load_safetensors(lab.store().get("weights", key, "adapter_model.safetensors"))
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +100,12 @@ def test_torchrun_trainer_through_pipes_matches_the_in_process_trainer(lab, on_p
     assert result.success, failure_message(result)
     logs = [e.message for e in two.instance.all_logs(result.run_id)]
     assert any("trainer rank 0 reported" in m and "'world_size': 2" in m for m in logs)
-    for step in ("0000", "0001"):
-        ours, single = adapter(two, "ddp", step), adapter(on_policy, "tiny_grpo", step)
-        assert set(ours) == set(single)
-        for name in ours:  # all-reduce sums in another order: equal to float rounding, not bit for bit
-            assert (ours[name] - single[name]).abs().max().item() < 1e-5, name
+    # same rollouts (initial weights), gradients equal to float rounding: the same loss, ratio, KL and
+    # gradient norm. (Adam turns rounding-level differences of near-zero gradients into lr-sized steps,
+    # so the adapters themselves are not compared.)
+    ours, single = two.latest("ddp", "weights", "0000"), on_policy.latest("tiny_grpo", "weights", "0000")
+    assert ours["mean_reward"] == single["mean_reward"]
+    for name in ("loss", "ratio", "kl", "grad_norm", "samples_used"):
+        assert ours[name] == pytest.approx(single[name], rel=1e-6, abs=1e-9), name
     # the world size is an input of the weights' key: the two runs never share a weights artifact
     assert two.latest("ddp", "weights", "0000")["artifact_key"] != on_policy.latest("tiny_grpo", "weights", "0000")["artifact_key"]
