@@ -23,7 +23,8 @@ from typing import Any
 from dagster_rl import counters
 from dagster_rl.environments import Limits
 from dagster_rl.errors import DagsterRLError
-from dagster_rl.experiment import Experiment, Rubric
+from dagster_rl.experiment import Rubric
+from dagster_rl.experiment import SecretSearchExperiment as Experiment
 from dagster_rl.faults import maybe_fail
 from dagster_rl.hashing import canonical_json, content_hash
 from dagster_rl.judge_journal import JudgeCall, JudgeJournal, trajectory_hash

@@ -7,12 +7,12 @@ import yaml
 
 from dagster_rl import counters
 from dagster_rl.environments import InProcessTrainer, Limits, SandboxRollouts
-from dagster_rl.experiment import Experiment
+from dagster_rl.experiment import SecretSearchExperiment as Experiment
 from dagster_rl.judge_journal import KIND, JudgeJournal, journal_key, trajectory_hash
 from dagster_rl.llm_judge import LLMJudge, LLMJudgeError, OpenAIChatClient, parse_score, rubric_hash
 from dagster_rl.records import Trajectory
 from dagster_rl.retries import AttemptsExhausted
-from dagster_rl.step import initial_policy, run_step
+from dagster_rl.secret_search.loop import initial_policy, run_step
 from dagster_rl.store import ArtifactStore
 from tests.openai_stub import CrashAfterJudgeCall, OpenAIStub, rule_score
 
