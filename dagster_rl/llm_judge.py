@@ -127,6 +127,11 @@ class LLMJudge:
     # crash the caller right after the judge answered.
     after_call: Callable[[JudgeCall], None] | None = field(default=None, compare=False)
 
+    @property
+    def cache_version(self) -> str:
+        """Part of the rewards' cache key: another prompt or judge model scores differently."""
+        return f"llm-judge/{PROMPT_VERSION}/{self.model}"
+
     def judge(self, exp: Experiment, traj: Trajectory) -> Reward:
         t_hash, r_hash = trajectory_hash(traj), rubric_hash(exp.rubric)
 
