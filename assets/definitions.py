@@ -3,7 +3,7 @@
 import os
 from pathlib import Path
 
-from dagster import AssetSelection, Definitions, define_asset_job
+from dagster import AssetSelection, Definitions, EnvVar, define_asset_job
 
 from assets.driver import build_driver
 from dagster_rl.experiment import ExperimentBase as Experiment
@@ -13,10 +13,31 @@ from resources import ArtifactStoreResource, JudgeEnvironment, RolloutEnvironmen
 DEFAULT_EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 
 
+JUDGE_URL, JUDGE_MODEL, JUDGE_API_KEY = "DAGSTER_RL_JUDGE_URL", "DAGSTER_RL_JUDGE_MODEL", "DAGSTER_RL_JUDGE_API_KEY"
+
+
+def judge_environment() -> JudgeEnvironment:
+    """The in-process rubric judge; the LLM judge (backend `openai`) when DAGSTER_RL_JUDGE_URL is set.
+
+    The choice is made where the definitions load; the URL, model and API key are `EnvVar`s, read
+    where the run executes (the UI shows the variable's name, never the key).
+    """
+    if not os.environ.get(JUDGE_URL):
+        return JudgeEnvironment()
+    if not os.environ.get(JUDGE_MODEL):
+        raise ValueError(f"{JUDGE_URL} is set, so the judge is an LLM over that endpoint: set {JUDGE_MODEL} to its model's name")
+    return JudgeEnvironment(
+        backend="openai",
+        base_url=EnvVar(JUDGE_URL),
+        model=EnvVar(JUDGE_MODEL),
+        api_key=EnvVar(JUDGE_API_KEY) if os.environ.get(JUDGE_API_KEY) else "",
+    )
+
+
 def default_resources() -> dict:
     return {
         "rollout": RolloutEnvironment(),
-        "judge": JudgeEnvironment(),
+        "judge": judge_environment(),
         "trainer": TrainerEnvironment(),
         "artifact_store": ArtifactStoreResource(),
     }

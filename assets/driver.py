@@ -176,7 +176,7 @@ def _drive(
     info = _run_info(context, store)
     loop = loop_for(exp)
     policy = starting_policy(context.instance, exp, steps[0], store, loop)
-    engines = Engines(rollout.engine(exp), judge.engine(exp), trainer.engine(exp, runner=pipes_runner(context)))
+    engines = Engines(rollout.engine(exp), judge.engine(exp, store), trainer.engine(exp, runner=pipes_runner(context)))
     for result in loop.iter_steps(exp, steps, policy, store, engines, context.log.warning):
         if isinstance(result, EvaluationResult):
             yield _evaluation_materialization(exp, result, info)

@@ -55,6 +55,9 @@ class Faults(Strict):
     crash_driver_at_step: int = Field(-1, ge=-1, description="-1: never")
     flaky_trial_rate: float = Field(0.0, ge=0.0, lt=1.0)
     judge_flake_rate: float = Field(0.0, ge=0.0, lt=1.0)
+    step_delay_s: float = Field(
+        0.0, ge=0.0, le=600.0, description="sleep before each step's update (computed steps only): a slow step to kill"
+    )
 
 
 class Checks(Strict):

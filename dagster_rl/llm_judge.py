@@ -23,7 +23,8 @@ from typing import Any
 from dagster_rl import counters
 from dagster_rl.environments import Limits
 from dagster_rl.errors import DagsterRLError
-from dagster_rl.experiment import Experiment, Rubric
+from dagster_rl.experiment import Rubric
+from dagster_rl.experiment import SecretSearchExperiment as Experiment
 from dagster_rl.faults import maybe_fail
 from dagster_rl.hashing import canonical_json, content_hash
 from dagster_rl.judge_journal import JudgeCall, JudgeJournal, trajectory_hash
@@ -125,6 +126,11 @@ class LLMJudge:
     # Called with each fresh (not replayed) journaled call, before fault injection; tests use it to
     # crash the caller right after the judge answered.
     after_call: Callable[[JudgeCall], None] | None = field(default=None, compare=False)
+
+    @property
+    def cache_version(self) -> str:
+        """Part of the rewards' cache key: another prompt or judge model scores differently."""
+        return f"llm-judge/{PROMPT_VERSION}/{self.model}"
 
     def judge(self, exp: Experiment, traj: Trajectory) -> Reward:
         t_hash, r_hash = trajectory_hash(traj), rubric_hash(exp.rubric)

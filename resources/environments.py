@@ -9,6 +9,9 @@ from pydantic import Field
 
 from dagster_rl.experiment import ExperimentBase
 from dagster_rl.environments import InProcessTrainer, Limits, RubricJudge, SandboxRollouts
+from dagster_rl.judge_journal import JudgeJournal
+from dagster_rl.llm_judge import LLMJudge, OpenAIChatClient
+from dagster_rl.store import ArtifactStore
 
 
 class _Environment(ConfigurableResource):
@@ -37,12 +40,29 @@ class RolloutEnvironment(_Environment):
 
 
 class JudgeEnvironment(_Environment):
-    """Scores trajectories: deterministic verifier plus rubric, in-process."""
+    """Scores trajectories: deterministic verifier plus rubric, in-process (`in_process`), or plus an
+    LLM judge over an OpenAI-compatible chat endpoint (`openai`), every call journaled in the
+    artifact store so a retried judgement replays the journal instead of paying again.
 
-    backend: Literal["in_process"] = "in_process"
+    Values may come from the environment of the process that runs the step:
+    `JudgeEnvironment(backend="openai", base_url=EnvVar("DAGSTER_RL_JUDGE_URL"), api_key=EnvVar(...))`.
+    """
 
-    def engine(self, exp: ExperimentBase) -> RubricJudge:
-        return RubricJudge(limits=self.limits())
+    backend: Literal["in_process", "openai"] = "in_process"
+    base_url: str = Field("", description="openai: the endpoint's base URL, e.g. http://127.0.0.1:8000/v1")
+    model: str = Field("", description="openai: the judge model's name, sent with every request")
+    api_key: str = Field("", description="openai: sent as a Bearer token when set (use EnvVar for secrets)")
+    request_timeout_s: float = Field(30.0, gt=0, description="openai: time limit of one HTTP request")
+
+    def engine(self, exp: ExperimentBase, store: ArtifactStore | None = None) -> RubricJudge | LLMJudge:
+        if self.backend == "in_process":
+            return RubricJudge(limits=self.limits())
+        if not self.base_url or not self.model:
+            raise ValueError("JudgeEnvironment(backend='openai') needs base_url and model")
+        if store is None:
+            raise ValueError("JudgeEnvironment(backend='openai') journals its calls: engine() needs the artifact store")
+        client = OpenAIChatClient(self.base_url, self.api_key or None, self.request_timeout_s)
+        return LLMJudge(client, self.model, JudgeJournal(store), self.limits())
 
 
 class TrainerEnvironment(_Environment):

@@ -6,24 +6,61 @@ reads the pid the run worker recorded in its "Started process for run" event and
 daemon's run monitoring marks the run failed and run retries resume it at its first unfinished
 step. It is valid where the daemon and the run processes share one machine (the embedded default);
 on Kubernetes use dagster-k8s's `K8sRunLauncher`, which checks the run's pod.
+
+Who notices first varies: the code server that started the run worker polls its child and fails
+the run itself when the code server is still alive (dagster 1.13: "Run execution process for ...
+was terminated by signal 9"); this check is what notices when it is not (code server restarted or
+killed as well), within one run-monitoring poll interval.
+
+A run worker that dies leaves its step processes behind (the multiprocess executor runs each step,
+here the driver, in a child process, and a SIGKILL of the parent does not reach the children): an
+orphaned driver goes on walking the range and writing events into the failed run while its retry
+starts (measured). So the launcher kills a run's step processes that are still alive (pids from
+their "Executing step ... in subprocess" events) when its health check finds the run worker gone,
+and, whoever failed the run, before it launches a retry (a run with a parent run): the parent's
+run worker and step processes still alive are killed first, and the retry's log says so.
+
+A pid is only trusted for the process that recorded it: a process that started after the event that
+named its pid is another process that reuses the number (Linux /proc; elsewhere, liveness only).
 """
 
 import os
+import signal
+import time
 from pathlib import Path
 
 from dagster import DagsterEventType, DefaultRunLauncher
 from dagster._core.launcher.base import CheckRunHealthResult, WorkerStatus
 from dagster._core.storage.dagster_run import DagsterRun
 
+CLOCK_SLACK_S = 2.0  # /proc/stat's boot time has a resolution of 1 s
+
+
+def recorded_pids(instance, run_id: str, event_type: DagsterEventType) -> list[tuple[int, float]]:
+    """(pid, event timestamp) of each event of `event_type` of the run whose metadata carries a pid."""
+    found = []
+    for entry in instance.all_logs(run_id, of_type=event_type):
+        data = entry.dagster_event.event_specific_data if entry.dagster_event else None
+        metadata = getattr(data, "metadata", None) or {}
+        if metadata.get("pid") is not None:
+            found.append((int(metadata["pid"].value), entry.timestamp))
+    return found
+
+
+def run_worker(instance, run_id: str) -> tuple[int, float] | None:
+    """The pid in the run's first engine event that carries one (the run worker's), and when it was logged."""
+    found = recorded_pids(instance, run_id, DagsterEventType.ENGINE_EVENT)
+    return found[0] if found else None
+
 
 def run_worker_pid(instance, run_id: str) -> int | None:
-    """The pid in the run's first engine event that carries one: the run worker's."""
-    for entry in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT):
-        data = entry.dagster_event.engine_event_data if entry.dagster_event else None
-        pid = data.metadata.get("pid") if data and data.metadata else None
-        if pid is not None:
-            return int(pid.value)
-    return None
+    worker = run_worker(instance, run_id)
+    return worker[0] if worker else None
+
+
+def step_worker_pids(instance, run_id: str) -> list[int]:
+    """Pids of the run's step processes (multiprocess executor), in the order they started."""
+    return [pid for pid, _ in recorded_pids(instance, run_id, DagsterEventType.STEP_WORKER_STARTED)]
 
 
 def process_alive(pid: int) -> bool:
@@ -34,21 +71,76 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     status = Path(f"/proc/{pid}/status")
-    if status.exists():  # a killed child not yet reaped by its parent is a zombie: dead all the same
+    try:  # a killed child not yet reaped by its parent is a zombie: dead all the same
         state = next((line for line in status.read_text().splitlines() if line.startswith("State:")), "")
-        return "Z" not in state.split()[1:2]
-    return True
+    except OSError:
+        return status.parent.exists()
+    return "Z" not in state.split()[1:2]
+
+
+def process_started_at(pid: int) -> float | None:
+    """When the process started (epoch seconds), from /proc; None where /proc cannot say."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: start time in clock ticks
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
+
+
+def same_process_alive(pid: int, recorded_at: float) -> bool:
+    """The process that recorded `pid` at `recorded_at` is alive (not a later one with its number)."""
+    if not process_alive(pid):
+        return False
+    started = process_started_at(pid)
+    return started is None or started <= recorded_at + CLOCK_SLACK_S
+
+
+def kill_and_wait(pids: list[int], timeout_s: float = 10.0) -> list[int]:
+    """SIGKILL each pid; wait until they are gone; return those signalled."""
+    killed = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + timeout_s
+    while any(process_alive(p) for p in killed) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return killed
+
+
+def leftover_processes(instance, run_id: str) -> list[int]:
+    """The run's run worker and step processes that are still alive (the same processes, not reused pids)."""
+    recorded = recorded_pids(instance, run_id, DagsterEventType.ENGINE_EVENT)[:1]
+    recorded += recorded_pids(instance, run_id, DagsterEventType.STEP_WORKER_STARTED)
+    return [pid for pid, at in recorded if same_process_alive(pid, at)]
 
 
 class LocalProcessRunLauncher(DefaultRunLauncher):
+    def launch_run(self, context) -> None:
+        run = context.dagster_run
+        if run.parent_run_id:  # a retry or re-execution: its parent's processes must not race it
+            stopped = kill_and_wait(leftover_processes(self._instance, run.parent_run_id))
+            if stopped:
+                self._instance.report_engine_event(
+                    f"Killed processes {stopped} left running by parent run {run.parent_run_id} before launching this one",
+                    run,
+                )
+        super().launch_run(context)
+
     @property
     def supports_check_run_worker_health(self) -> bool:
         return True
 
     def check_run_worker_health(self, run: DagsterRun) -> CheckRunHealthResult:
-        pid = run_worker_pid(self._instance, run.run_id)
-        if pid is None:  # started, but its process has not said who it is yet
+        worker = run_worker(self._instance, run.run_id)
+        if worker is None:  # started, but its process has not said who it is yet
             return CheckRunHealthResult(WorkerStatus.RUNNING, "no run worker pid recorded yet")
-        if process_alive(pid):
+        pid, recorded_at = worker
+        if same_process_alive(pid, recorded_at):
             return CheckRunHealthResult(WorkerStatus.RUNNING, f"run worker pid {pid} is alive")
-        return CheckRunHealthResult(WorkerStatus.FAILED, f"run worker process {pid} is gone (killed or crashed)")
+        stopped = kill_and_wait(leftover_processes(self._instance, run.run_id))
+        detail = f"; killed its orphaned step process(es) {stopped} so a retry does not race them" if stopped else ""
+        return CheckRunHealthResult(WorkerStatus.FAILED, f"run worker process {pid} is gone (killed or crashed){detail}")

@@ -33,9 +33,13 @@ def instance_config(
     start_timeout_seconds: int = 60,
     max_runtime_seconds: int = 0,
     max_concurrent_runs: int | None = None,
+    run_launcher: str | None = None,
 ) -> dict[str, Any]:
-    """The production config with test storage and test intervals."""
+    """The production config with test storage and test intervals; `run_launcher` "module.Class"."""
     config = production_config()
+    if run_launcher is not None:
+        module, _, cls = run_launcher.rpartition(".")
+        config["run_launcher"] = {"module": module, "class": cls}
     if storage == "sqlite":
         config["storage"] = {"sqlite": {"base_dir": str(home)}}
     elif storage != "postgres":

@@ -141,6 +141,27 @@ class GraphQLClient:
             backfillParams=params,
         )["backfillId"]
 
+    def launch_run(self, job_name: str, tags: dict[str, str] | None = None, location: str = LOCATION) -> str:
+        """The Launchpad's `launchRun` of a job (with e.g. partition-range tags); returns the run id."""
+        params = {
+            "selector": {"repositoryLocationName": location, "repositoryName": "__repository__", "jobName": job_name},
+            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
+            "runConfigData": {},
+        }
+        return self.query_union(
+            """
+            mutation Launch($executionParams: ExecutionParams!) {
+              launchRun(executionParams: $executionParams) {
+                ...ERRORS
+                ... on PythonError { stack }
+                ... on LaunchRunSuccess { run { runId } }
+              }
+            }""",
+            "launchRun",
+            "LaunchRunSuccess",
+            executionParams=params,
+        )["run"]["runId"]
+
     # ---- reading ---------------------------------------------------------------------------
 
     def backfill(self, backfill_id: str) -> dict[str, Any]:
@@ -162,10 +183,16 @@ class GraphQLClient:
         )
 
     def runs(
-        self, tags: dict[str, str] | None = None, job_name: str | None = None, statuses: list[str] | None = None
+        self,
+        tags: dict[str, str] | None = None,
+        job_name: str | None = None,
+        statuses: list[str] | None = None,
+        run_ids: list[str] | None = None,
     ) -> list[dict[str, Any]]:
         """Runs matching the filter, newest first: runId, status, jobName, tags (a dict), timings."""
         run_filter: dict[str, Any] = {}
+        if run_ids:
+            run_filter["runIds"] = list(run_ids)
         if tags:
             run_filter["tags"] = [{"key": k, "value": v} for k, v in tags.items()]
         if job_name:

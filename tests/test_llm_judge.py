@@ -7,12 +7,12 @@ import yaml
 
 from dagster_rl import counters
 from dagster_rl.environments import InProcessTrainer, Limits, SandboxRollouts
-from dagster_rl.experiment import Experiment
+from dagster_rl.experiment import SecretSearchExperiment as Experiment
 from dagster_rl.judge_journal import KIND, JudgeJournal, journal_key, trajectory_hash
 from dagster_rl.llm_judge import LLMJudge, LLMJudgeError, OpenAIChatClient, parse_score, rubric_hash
-from dagster_rl.records import Trajectory
+from dagster_rl.records import Rewards, Trajectory
 from dagster_rl.retries import AttemptsExhausted
-from dagster_rl.step import initial_policy, run_step
+from dagster_rl.secret_search.loop import initial_policy, run_step
 from dagster_rl.store import ArtifactStore
 from tests.openai_stub import CrashAfterJudgeCall, OpenAIStub, rule_score
 
@@ -168,3 +168,41 @@ def test_timeouts_and_replies_without_a_score_are_clear_errors():
         parse_score("I think it is good")
     with pytest.raises(LLMJudgeError, match="outside"):
         parse_score("SCORE: 7")
+
+
+def test_the_judge_environment_openai_backend_drives_steps_one_call_per_trial(stub, lab):
+    """The Dagster resource: JudgeEnvironment(backend="openai") through the driver, in-process."""
+    from resources import JudgeEnvironment
+    from tests.conftest import demo_settings
+
+    settings = demo_settings(name="llm", n_steps=2, prompts_per_step=4, n_samples=4, min_trials_per_step=8, faults={"judge_flake_rate": 0.3})
+    judge = JudgeEnvironment(backend="openai", base_url=stub.base_url, model=MODEL, request_timeout_s=5.0)
+    run = lab("llm", settings, judge=judge)
+    run.run("llm", "0000", "0001")
+    assert stub.count == 2 * 16, "one judge call per trial; flaked judgements replay the journal"
+    for step in ("0000", "0001"):
+        meta = run.latest("llm", "rewards", step)
+        assert meta["n_trials"] == 16 and meta["judge_calls"] > 16  # some attempts flaked and were replayed
+    rewards = run.store().get_model("rewards", run.latest("llm", "rewards", "0000")["artifact_key"], Rewards)
+    assert all(set(r.components) == {"llm"} for r in rewards.rewards)
+
+    rubric_judged = lab("rubric", {**settings, "name": "rubric"})
+    rubric_judged.run("rubric", "0000", "0000")
+    assert rubric_judged.latest("rubric", "rewards", "0000")["artifact_key"] != run.latest("llm", "rewards", "0000")["artifact_key"], (
+        "the judge's identity is part of the rewards' cache key"
+    )
+
+
+def test_the_code_location_picks_the_llm_judge_from_the_environment(monkeypatch):
+    from dagster import EnvVar
+
+    from assets.definitions import judge_environment
+
+    monkeypatch.delenv("DAGSTER_RL_JUDGE_URL", raising=False)
+    assert judge_environment().backend == "in_process"
+    monkeypatch.setenv("DAGSTER_RL_JUDGE_URL", "http://127.0.0.1:1/v1")
+    with pytest.raises(ValueError, match="DAGSTER_RL_JUDGE_MODEL"):
+        judge_environment()
+    monkeypatch.setenv("DAGSTER_RL_JUDGE_MODEL", MODEL)
+    judge = judge_environment()
+    assert judge.backend == "openai" and judge.base_url == EnvVar("DAGSTER_RL_JUDGE_URL") and judge.api_key == ""

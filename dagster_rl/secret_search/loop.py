@@ -176,7 +176,7 @@ def run_step(
 
     rewards_key = None
     if judged is None:
-        rewards_key = _rewards_key(exp, store.ref("rollouts", rollouts_key).content_hash)
+        rewards_key = _rewards_key(exp, store.ref("rollouts", rollouts_key).content_hash, judge)
         if store.exists("rewards", rewards_key):
             cache["rewards"] = "hit"
             rewards = store.get_model("rewards", rewards_key, Rewards)
@@ -195,7 +195,7 @@ def run_step(
                 "or lower min_trials_per_step, then re-run the step."
             )
         rollouts_ref = store.put_model("rollouts", rollouts_key, rollouts)
-        rewards_key = _rewards_key(exp, rollouts_ref.content_hash)
+        rewards_key = _rewards_key(exp, rollouts_ref.content_hash, judge)
         rewards = Rewards(
             step=step,
             rollouts_key=rollouts_key,
@@ -219,6 +219,8 @@ def run_step(
         stats = TrainStats.model_validate_json(store.get("weights", weights_key, STATS))
     else:
         cache["weights"] = "miss"
+        if exp.faults.step_delay_s:  # fault injection: a step slow enough to be killed in the middle
+            time.sleep(exp.faults.step_delay_s)
         t = time.monotonic()
         new_weights, raw = trainer.train(exp, policy.weights, rewards.rewards)
         timings["train_s"] = time.monotonic() - t
@@ -268,8 +270,14 @@ def run_step(
     return result, new_policy
 
 
-def _rewards_key(exp: Experiment, rollouts_hash: str) -> str:
-    return cache_key("rewards", CODE_VERSIONS["rewards"], rubric=exp.rubric, max_turns=exp.task.max_turns, rollouts=rollouts_hash)
+def _rewards_key(exp: Experiment, rollouts_hash: str, judge: object = None) -> str:
+    """A judge other than the in-process rubric (an LLM judge) names itself in the key: its
+    `cache_version` (prompt version and model). The rubric judge adds nothing, so its keys stay."""
+    judged_by = getattr(judge, "cache_version", None)
+    extra = {"judge": judged_by} if judged_by else {}
+    return cache_key(
+        "rewards", CODE_VERSIONS["rewards"], rubric=exp.rubric, max_turns=exp.task.max_turns, rollouts=rollouts_hash, **extra
+    )
 
 
 def _mean(values: list[float]) -> float:
