@@ -7,7 +7,7 @@ from dagster_rl.experiment import step_key
 from tests.conftest import shipped_settings
 from tests.harness import failure_message
 
-STEPS = [step_key(i) for i in range(6)]
+STEPS = [step_key(i) for i in range(10)]
 CHAIN = ("rollouts", "rewards", "weights", "evaluation")
 
 
@@ -17,7 +17,7 @@ def tiny(**overrides) -> dict:
 
 @pytest.fixture(scope="module")
 def on_policy(tmp_path_factory):
-    """tiny_grpo steps 0000..0005, on-policy, trainer in-process."""
+    """tiny_grpo steps 0000..0009, on-policy, trainer in-process."""
     from tests.conftest import new_dagster_home, write_experiments
     from tests.harness import open_lab
 
@@ -37,18 +37,21 @@ def test_every_step_materializes_all_four_assets_in_order(on_policy):
 def test_mean_reward_rises_and_first_step_is_exactly_on_policy(on_policy):
     md = [on_policy.latest("tiny_grpo", "weights", s) for s in STEPS]
     rewards = [m["mean_reward"] for m in md]
-    # measured: 0.070, 0.047, 0.109, 0.203, 0.164, 0.336 (format term first: the model learns to answer a digit)
-    assert rewards[0] == pytest.approx(0.0703, abs=1e-3)
-    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.15, rewards
+    # measured (bit for bit on the CPU): 0.027 0.025 0.033 0.077 0.045 0.072 0.102 0.136 0.161 0.117;
+    # sampled accuracy 0.02 0.02 0.02 0.05 0.03 0.03 0.06 0.08 0.09 0.05 (from 1/68, a random token)
+    assert rewards[0] == pytest.approx(0.0266, abs=1e-3)
+    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.08, rewards
+    success = [m["success_rate"] for m in md]
+    assert sum(success[-3:]) / 3 > 2.5 * sum(success[:3]) / 3, success
     assert md[0]["ratio"] == 1.0 and md[0]["kl"] == 0.0  # rollouts of the initial adapter, trained from it
     assert all(m["policy_lag"] == 0.0 for m in md)
-    assert [m["weights_version"] for m in md] == [1, 2, 3, 4, 5, 6]
+    assert [m["weights_version"] for m in md] == list(range(1, 11))
     assert md[1]["kl"] > 0.0
 
 
 def test_evaluation_is_recorded_for_every_step_with_the_base_model(on_policy):
     evals = [on_policy.latest("tiny_grpo", "evaluation", s) for s in STEPS]
-    assert [e["weights_version"] for e in evals] == [1, 2, 3, 4, 5, 6]
+    assert [e["weights_version"] for e in evals] == list(range(1, 11))
     assert all(0.0 <= e["accuracy"] <= 1.0 and e["n_prompts"] > 0 for e in evals)
     assert len({e["base_accuracy"] for e in evals}) == 1
 
