@@ -1,8 +1,11 @@
 """The driver: one multi-asset per experiment that walks its partition range in step order.
 
-For each step it calls the rollout, judge and trainer environments through `run_step`, then yields
-a materialization of `<exp>/rollouts`, `<exp>/rewards` and `<exp>/weights` for that partition, so the
-UI fills in step by step. A backfill of a range is one run (`BackfillPolicy.single_run()`).
+For each step it calls the rollout, judge and trainer environments through the task's loop
+(`dagster_rl.loop.loop_for`), then yields a materialization of `<exp>/rollouts`, `<exp>/rewards`
+and `<exp>/weights` for that partition (and, for language models, `<exp>/evaluation` once the
+step's held-out evaluation is done), so the UI fills in step by step. A backfill of a range is one
+run (`BackfillPolicy.single_run()`). A subset selection materializes only the selected assets; every
+step still computes (or reuses) all of its artifacts.
 """
 
 import warnings
@@ -179,7 +182,8 @@ def _drive(
     engines = Engines(rollout.engine(exp), judge.engine(exp, store), trainer.engine(exp, runner=pipes_runner(context)))
     for result in loop.iter_steps(exp, steps, policy, store, engines, context.log.warning):
         if isinstance(result, EvaluationResult):
-            yield _evaluation_materialization(exp, result, info)
+            if AssetKey([exp.name, "evaluation"]) in context.selected_asset_keys:
+                yield _evaluation_materialization(exp, result, info)
             continue
         step = result.step
         context.log.info(
