@@ -57,6 +57,11 @@ class JudgeEnvironment(_Environment):
     def engine(self, exp: ExperimentBase, store: ArtifactStore | None = None) -> RubricJudge | LLMJudge:
         if self.backend == "in_process":
             return RubricJudge(limits=self.limits())
+        if exp.kind != "secret_search":
+            raise ValueError(
+                f"the LLM judge (backend 'openai') scores secret_search trajectories; experiment {exp.name} is "
+                f"{exp.kind}: use backend 'in_process' (its verifier + rubric) for it"
+            )
         if not self.base_url or not self.model:
             raise ValueError("JudgeEnvironment(backend='openai') needs base_url and model")
         if store is None:

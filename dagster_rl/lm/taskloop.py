@@ -186,7 +186,7 @@ class LMLoop:
     def _judge(self, exp, step, rollouts_key, rollouts, store, engines, warn, cache):
         """Score every rollout (reusing stored rewards of the same rollouts and rubric)."""
         rollouts_hash = store.ref("rollouts", rollouts_key).content_hash if cache["rollouts"] == "hit" else None
-        rewards_key = self._rewards_key(exp, rollouts_hash) if rollouts_hash else None
+        rewards_key = self._rewards_key(exp, rollouts_hash, engines.judge) if rollouts_hash else None
         if rewards_key and store.exists("rewards", rewards_key):
             cache["rewards"] = "hit"
             return store.get_model("rewards", rewards_key, LMRewards), store.ref("rewards", rewards_key), store.ref("rollouts", rollouts_key), 0
@@ -207,7 +207,7 @@ class LMLoop:
                 "failing environment or lower min_trials_per_step, then re-run the step."
             )
         rollouts_ref = store.put_model("rollouts", rollouts_key, rollouts)
-        rewards_key = self._rewards_key(exp, rollouts_ref.content_hash)
+        rewards_key = self._rewards_key(exp, rollouts_ref.content_hash, engines.judge)
         rewards = LMRewards(
             step=step,
             rollouts_key=rollouts_key,
@@ -218,8 +218,10 @@ class LMLoop:
         )
         return rewards, store.put_model("rewards", rewards_key, rewards), rollouts_ref, len(futures)
 
-    def _rewards_key(self, exp: LMExperiment, rollouts_hash: str) -> str:
-        return cache_key("rewards", CODE_VERSIONS["rewards"], rubric=exp.rubric, rollouts=rollouts_hash)
+    def _rewards_key(self, exp: LMExperiment, rollouts_hash: str, judge: object) -> str:
+        judged_by = getattr(judge, "cache_version", None)  # an LLM judge names its prompt and model
+        extra = {"judge": judged_by} if judged_by else {}
+        return cache_key("rewards", CODE_VERSIONS["rewards"], rubric=exp.rubric, rollouts=rollouts_hash, **extra)
 
     def _train(
         self, exp: LMExperiment, step: int, previous: Policy, gen: Generated, store: ArtifactStore, engines: Engines
