@@ -71,8 +71,8 @@ def chain_specs(exp: Experiment) -> list[AssetSpec]:
 
 
 CHECK_DESCRIPTIONS = {
-    "weights_finite": "Every document prior of the new weights is finite and sums to 1.",
-    "rewards_in_bounds": "Every reward of the step lies in [0, 1 + sum of the rubric's weights].",
+    "weights_finite": "The new weights hold only finite numbers (and document priors sum to 1).",
+    "rewards_in_bounds": "Every reward of the step lies in [0, the rubric's maximum reward].",
     "enough_usable_trials": "Usable trials / planned trials is at least the experiment's checks.min_usable_fraction.",
 }
 

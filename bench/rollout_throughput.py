@@ -21,7 +21,6 @@ tokens), so the ratio is not only Python overhead on a toy. Target: ours / bare 
 """
 
 import argparse
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass

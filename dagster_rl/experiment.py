@@ -40,8 +40,13 @@ class Rubric(Strict):
     tidiness: float = Field(0.2, ge=0.0)
 
     @property
+    def weight_total(self) -> float:
+        """The most the rubric's score can add to the verifier's 1."""
+        return self.correctness + self.efficiency + self.tidiness
+
+    @property
     def max_reward(self) -> float:
-        return 1.0 + self.correctness + self.efficiency + self.tidiness
+        return 1.0 + self.weight_total
 
 
 class GRPOSettings(Strict):
@@ -124,8 +129,6 @@ def experiment_kinds() -> dict[str, type[ExperimentBase]]:
 
 
 def _kind_of(raw: Any) -> str | None:
-    if isinstance(raw, ExperimentBase):
-        return raw.kind
     task = raw.get("task") if isinstance(raw, dict) else None
     return task.get("kind") if isinstance(task, dict) else None
 

@@ -9,9 +9,8 @@ import json
 from pydantic import BaseModel
 
 from dagster_rl.hashing import content_hash
+from dagster_rl.loop import STATS
 from dagster_rl.store import DATA, ArtifactStore
-
-STATS = "stats.json"
 
 
 class StepLineage(BaseModel):

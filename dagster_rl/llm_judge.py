@@ -162,7 +162,7 @@ class LLMJudge:
     def reward(exp: Experiment, traj: Trajectory, call: JudgeCall) -> Reward:
         """The verifier's verdict plus the LLM's score in [0, 1], scaled by the rubric's weights."""
         verified = rubric_judge(traj, exp.rubric, exp.task.max_turns)
-        score = (exp.rubric.correctness + exp.rubric.efficiency + exp.rubric.tidiness) * call.score
+        score = exp.rubric.weight_total * call.score
         return verified.model_copy(
             update={"components": {"llm": call.score}, "score": score, "reward": float(verified.verified) + score}
         )

@@ -1,19 +1,25 @@
-"""What the driver needs of a task's training loop, whatever the task.
+"""What the driver needs of a task's training loop, whatever the task, and what every loop shares.
 
 A loop knows how to make its initial policy, load a policy stored by an earlier step, and walk a
 range of steps, yielding one `StepResult` per step as soon as the step's artifacts are stored.
 """
 
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pydantic import BaseModel
 
 from dagster_rl.checks import CheckOutcome
+from dagster_rl.errors import TooFewTrialsError
+from dagster_rl.experiment import step_key
+from dagster_rl.hashing import cache_key
+from dagster_rl.retries import AttemptsExhausted
 from dagster_rl.store import ArtifactRef, ArtifactStore
 
 Warn = Callable[[str], None]
+STATS = "stats.json"  # beside a trained weights artifact's own files: what trained it (lineage) and how
 
 
 @dataclass(frozen=True)
@@ -90,3 +96,45 @@ def loop_for(exp: Any) -> TaskLoop:
 
         return LMLoop()
     raise ValueError(f"no training loop for task kind {exp.kind!r}")
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def collect_rewards(judging: dict[Future, str], warn: Warn) -> tuple[list, list[str]]:
+    """The rewards of judgements as they finish (future -> trial id); a trial whose judging still
+    fails after its retries is skipped, not fatal."""
+    rewards, skipped = [], []
+    for fut in as_completed(judging):
+        try:
+            rewards.append(fut.result())
+        except AttemptsExhausted as e:
+            warn(f"judging failed after its retries, trial skipped: {e}")
+            skipped.append(judging[fut])
+    return rewards, skipped
+
+
+def judge_all(exp: Any, trajectories: list, judge: Any, warn: Warn) -> tuple[list, list[str]]:
+    """Judge every trajectory concurrently, `judge.limits.max_concurrency` at a time."""
+    with ThreadPoolExecutor(judge.limits.max_concurrency) as pool:
+        return collect_rewards({pool.submit(judge.judge, exp, t): t.trial_id for t in trajectories}, warn)
+
+
+def rewards_key(code_version: str, judge: Any, **inputs: Any) -> str:
+    """The key of a step's rewards. A judge other than the in-process rubric (an LLM judge) names
+    itself in it, by its `cache_version` (prompt version and model); the rubric judge adds nothing."""
+    judged_by = getattr(judge, "cache_version", None)
+    extra = {"judge": judged_by} if judged_by else {}
+    return cache_key("rewards", code_version, **inputs, **extra)
+
+
+def require_enough_trials(exp: Any, step: int, usable: int, planned: int, skipped: list[str]) -> None:
+    """Fail the step, before anything of it is stored, when too few trials are usable."""
+    if usable < exp.min_trials_per_step:
+        raise TooFewTrialsError(
+            f"step {step_key(step)} of {exp.name} has {usable} usable trials of {planned} planned, "
+            f"fewer than min_trials_per_step={exp.min_trials_per_step} ({len(skipped)} failed after their retries: "
+            f"{', '.join(sorted(skipped)[:5])}...). Nothing of this step was stored; fix the failing environment "
+            "or lower min_trials_per_step, then re-run the step."
+        )

@@ -1,6 +1,5 @@
 """The driver multi-asset on a real SQLite Dagster instance: order, learning, caching, faults."""
 
-import pytest
 from dagster import FloatMetadataValue, IntMetadataValue
 
 from dagster_rl import counters

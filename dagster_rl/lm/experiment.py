@@ -43,5 +43,9 @@ class LMExperiment(ExperimentBase):
         return super().training_inputs() | {"world_size": self.world_size}
 
     @property
+    def eval_max_new_tokens(self) -> int:
+        return self.task.eval_max_new_tokens or self.sampling.max_new_tokens
+
+    @property
     def world_size(self) -> int:
         return self.trainer.nproc_per_node if self.trainer.backend == "torchrun" else 1

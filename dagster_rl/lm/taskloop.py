@@ -16,7 +16,6 @@ from safetensors.torch import load as load_safetensors
 
 from dagster_rl import counters
 from dagster_rl.checks import step_checks, tensors_finite
-from dagster_rl.errors import TooFewTrialsError
 from dagster_rl.experiment import step_key
 from dagster_rl.hashing import cache_key, canonical_json
 from dagster_rl.lm.experiment import LMExperiment
@@ -25,10 +24,21 @@ from dagster_rl.lm.policy import ADAPTER, checkpoint_bytes, load_policy, read_st
 from dagster_rl.lm.rewards import LMReward
 from dagster_rl.lm.rollout_hf import LMRollout, plan_requests
 from dagster_rl.lm.tasks import PromptSet, load_prompt_set, prompts_for_step
-from dagster_rl.loop import Engines, EvaluationResult, Policy, StepResult, Warn
+from dagster_rl.loop import (
+    STATS,
+    Engines,
+    EvaluationResult,
+    Policy,
+    StepResult,
+    Warn,
+    judge_all,
+    mean,
+    require_enough_trials,
+    rewards_key,
+)
 from dagster_rl.records import Record
 from dagster_rl.retries import AttemptsExhausted
-from dagster_rl.store import DATA, ArtifactRef, ArtifactStore
+from dagster_rl.store import ArtifactRef, ArtifactStore
 
 CODE_VERSIONS = {
     "initial": "lora-init-1",
@@ -37,7 +47,6 @@ CODE_VERSIONS = {
     "weights": "grpo-lora-1",
     "evaluation": "greedy-eval-1",
 }
-STATS = "stats.json"
 
 
 class LMRollouts(Record):
@@ -191,21 +200,9 @@ class LMLoop:
             cache["rewards"] = "hit"
             return store.get_model("rewards", rewards_key, LMRewards), store.ref("rewards", rewards_key), store.ref("rollouts", rollouts_key), 0
         cache["rewards"] = "miss"
-        usable, skipped = [], list(rollouts.skipped)
-        with ThreadPoolExecutor(engines.judge.limits.max_concurrency) as pool:
-            futures = {pool.submit(engines.judge.judge, exp, r): r.trial_id for r in rollouts.trajectories}
-            for fut, trial in futures.items():
-                try:
-                    usable.append(fut.result())
-                except AttemptsExhausted as e:
-                    warn(f"judging failed after its retries, trial skipped: {e}")
-                    skipped.append(trial)
-        if len(usable) < exp.min_trials_per_step:
-            raise TooFewTrialsError(
-                f"step {step_key(step)} of {exp.name} has {len(usable)} usable trials of {rollouts.n_trials_planned} planned, "
-                f"fewer than min_trials_per_step={exp.min_trials_per_step}. Nothing of this step was stored; fix the "
-                "failing environment or lower min_trials_per_step, then re-run the step."
-            )
+        usable, judge_skipped = judge_all(exp, rollouts.trajectories, engines.judge, warn)
+        skipped = list(rollouts.skipped) + judge_skipped
+        require_enough_trials(exp, step, len(usable), rollouts.n_trials_planned, skipped)
         rollouts_ref = store.put_model("rollouts", rollouts_key, rollouts)
         rewards_key = self._rewards_key(exp, rollouts_ref.content_hash, engines.judge)
         rewards = LMRewards(
@@ -216,12 +213,10 @@ class LMLoop:
             rewards=sorted(usable, key=lambda r: r.trial_id),
             skipped=sorted(skipped),
         )
-        return rewards, store.put_model("rewards", rewards_key, rewards), rollouts_ref, len(futures)
+        return rewards, store.put_model("rewards", rewards_key, rewards), rollouts_ref, len(rollouts.trajectories)
 
     def _rewards_key(self, exp: LMExperiment, rollouts_hash: str, judge: object) -> str:
-        judged_by = getattr(judge, "cache_version", None)  # an LLM judge names its prompt and model
-        extra = {"judge": judged_by} if judged_by else {}
-        return cache_key("rewards", CODE_VERSIONS["rewards"], rubric=exp.rubric, rollouts=rollouts_hash, **extra)
+        return rewards_key(CODE_VERSIONS["rewards"], judge, rubric=exp.rubric, rollouts=rollouts_hash)
 
     def _train(
         self, exp: LMExperiment, step: int, previous: Policy, gen: Generated, store: ArtifactStore, engines: Engines
@@ -239,6 +234,8 @@ class LMLoop:
         cache = dict(gen.cache)
         if store.exists("weights", key):
             cache["weights"] = "hit"
+            stats = LMTrainStats.model_validate_json(store.get("weights", key, STATS))
+            policy = self.load_policy(exp, store, step_key(step), key)
         else:
             cache["weights"] = "miss"
             files, metrics = engines.trainer.train(exp, previous.weights, gen.rollouts.trajectories, gen.rewards.rewards)
@@ -251,9 +248,8 @@ class LMLoop:
                 rewards_hash=gen.rewards_ref.content_hash,
                 metrics={k: float(v) for k, v in metrics.model_dump().items()},
             )
-            store.put("weights", key, {**files, STATS: canonical_json(stats)})
-        stats = LMTrainStats.model_validate_json(store.get("weights", key, STATS))
-        policy = self.load_policy(exp, store, step_key(step), key)
+            ref = store.put("weights", key, {**files, STATS: canonical_json(stats)})
+            policy = Policy(step_key(step), ref, files, metrics.version)
         rewards = gen.rewards.rewards
         by_trial = {r.trial_id: r for r in gen.rollouts.trajectories}
         tokens = [len(by_trial[r.trial_id].completion_token_ids) for r in rewards]
@@ -261,8 +257,8 @@ class LMLoop:
             step=step,
             n_trials=len(rewards),
             n_trials_planned=gen.rollouts.n_trials_planned,
-            mean_reward=_mean([r.reward for r in rewards]),
-            success_rate=_mean([float(r.correct) for r in rewards]),
+            mean_reward=mean([r.reward for r in rewards]),
+            success_rate=mean([float(r.correct) for r in rewards]),
             weights_version=policy.version,
             cache=cache,
             refs={"rollouts": gen.rollouts_ref, "rewards": gen.rewards_ref, "weights": policy.ref},
@@ -273,7 +269,7 @@ class LMLoop:
             metrics={
                 **{k: stats.metrics[k] for k in ("loss", "ratio", "kl", "clip_frac", "grad_norm", "samples_used", "groups_with_signal")},
                 "policy_lag": float(previous.version - int(gen.rollouts.behavior_policy["version"])),
-                "mean_completion_tokens": _mean([float(t) for t in tokens]),
+                "mean_completion_tokens": mean([float(t) for t in tokens]),
             },
             timings={"generate_s": gen.seconds, "train_s": time.monotonic() - t0},
             checks=step_checks(exp, tensors_finite(load_safetensors(policy.weights[ADAPTER])), rewards, gen.rollouts.n_trials_planned),
@@ -284,9 +280,8 @@ class LMLoop:
         self, exp: LMExperiment, step: int, policy: Policy, base: Policy, prompts: PromptSet, store: ArtifactStore
     ) -> EvaluationResult:
         t0 = time.monotonic()
-        scored, cache = self._evaluation(exp, policy, prompts, store)
-        base_scored, _ = self._evaluation(exp, base, prompts, store)
-        ref = store.ref("evaluations", self._evaluation_key(exp, policy, prompts))
+        scored, cache, ref = self._evaluation(exp, policy, prompts, store)
+        base_scored, _, _ = self._evaluation(exp, base, prompts, store)
         return EvaluationResult(
             step=step,
             weights_version=policy.version,
@@ -307,21 +302,16 @@ class LMLoop:
             policy=exp.policy,
             prompts=[p.id for p in prompts.eval],
             rubric=exp.rubric,
-            max_new_tokens=exp.task.eval_max_new_tokens or exp.sampling.max_new_tokens,
+            max_new_tokens=exp.eval_max_new_tokens,
         )
 
-    def _evaluation(self, exp: LMExperiment, policy: Policy, prompts: PromptSet, store: ArtifactStore) -> tuple[Evaluation, str]:
+    def _evaluation(
+        self, exp: LMExperiment, policy: Policy, prompts: PromptSet, store: ArtifactStore
+    ) -> tuple[Evaluation, str, ArtifactRef]:
         key = self._evaluation_key(exp, policy, prompts)
         if store.exists("evaluations", key):
-            return store.get_model("evaluations", key, Evaluation), "hit"
+            return store.get_model("evaluations", key, Evaluation), "hit", store.ref("evaluations", key)
         counters.bump("evaluations")
-        result = evaluate(
-            load_policy(exp.policy, policy.weights), prompts, exp.rubric, exp.task.eval_max_new_tokens or exp.sampling.max_new_tokens
-        )
+        result = evaluate(load_policy(exp.policy, policy.weights), prompts, exp.rubric, exp.eval_max_new_tokens)
         evaluation = Evaluation(weights_hash=policy.ref.content_hash, n=result.n, accuracy=result.accuracy, mean_reward=result.mean_reward)
-        store.put_model("evaluations", key, evaluation)
-        return evaluation, "miss"
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
+        return evaluation, "miss", store.put_model("evaluations", key, evaluation)

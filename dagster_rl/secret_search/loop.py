@@ -1,24 +1,34 @@
 """The secret_search training loop, one step at a time, cached by content: generate, judge, train.
 
 `run_step` is what the Dagster driver calls (through `SecretSearchLoop.iter_steps`) for every
-partition and what a plain Python loop calls in the benchmark. Every artifact is stored under a key that hashes its code version, the settings
-that affect it and the content hashes of its inputs; a key that exists is loaded, not recomputed.
+partition and what a plain Python loop calls in the benchmark. Every artifact is stored under a key
+that hashes its code version, the settings that affect it and the content hashes of its inputs; a
+key that exists is loaded, not recomputed.
 """
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from collections.abc import Iterator
 
 from dagster_rl import counters
 from dagster_rl.checks import prior_finite, step_checks
 from dagster_rl.environments import InProcessTrainer, RubricJudge, SandboxRollouts
-from dagster_rl.errors import TooFewTrialsError
 from dagster_rl.experiment import SecretSearchExperiment as Experiment
 from dagster_rl.experiment import step_key
-from dagster_rl.loop import Engines, Policy, StepResult, Warn
 from dagster_rl.hashing import cache_key, canonical_json, seed_of
+from dagster_rl.loop import (
+    STATS,
+    Engines,
+    Policy,
+    StepResult,
+    Warn,
+    collect_rewards,
+    judge_all,
+    mean,
+    require_enough_trials,
+    rewards_key,
+)
 from dagster_rl.records import Reward, Rewards, Rollouts, TabularWeights, Trajectory, TrainStats, TrialSpec
 from dagster_rl.retries import AttemptsExhausted
 from dagster_rl.secret_search.prior import uniform
@@ -31,7 +41,6 @@ CODE_VERSIONS = {
     "rewards": "verifier-rubric-1",
     "weights": "tabular-grpo-1",
 }
-STATS = "stats.json"
 log = logging.getLogger("dagster_rl")
 
 
@@ -99,24 +108,8 @@ def _fan_out(
             trajectories.append(traj)
             judging[judge_pool.submit(judge.judge, exp, traj)] = traj.trial_id
         generate_s = time.monotonic() - start
-        rewards, judge_skipped = _collect_rewards(judging, warn)
+        rewards, judge_skipped = collect_rewards(judging, warn)
     return trajectories, rewards, skipped + judge_skipped, {"generate_s": generate_s, "judge_s": time.monotonic() - start}
-
-
-def _collect_rewards(judging: dict, warn: Callable[[str], None]) -> tuple[list[Reward], list[str]]:
-    rewards, skipped = [], []
-    for fut in as_completed(judging):
-        try:
-            rewards.append(fut.result())
-        except AttemptsExhausted as e:
-            warn(f"judging failed after its retries, trial skipped: {e}")
-            skipped.append(judging[fut])
-    return rewards, skipped
-
-
-def _judge_all(exp: Experiment, trajectories: list[Trajectory], judge: RubricJudge, warn: Callable[[str], None]) -> tuple[list[Reward], list[str]]:
-    with ThreadPoolExecutor(judge.limits.max_concurrency) as pool:
-        return _collect_rewards({pool.submit(judge.judge, exp, t): t.trial_id for t in trajectories}, warn)
 
 
 def _by_trial(items: list) -> list:
@@ -182,18 +175,12 @@ def run_step(
             rewards = store.get_model("rewards", rewards_key, Rewards)
         else:
             t = time.monotonic()
-            judged, judge_skipped = _judge_all(exp, rollouts.trajectories, judge, warn)
+            judged, judge_skipped = judge_all(exp, rollouts.trajectories, judge, warn)
             skipped = sorted(set(skipped) | set(judge_skipped))
             timings["judge_s"] = time.monotonic() - t
     if judged is not None:
         cache["rewards"] = "miss"
-        if len(judged) < exp.min_trials_per_step:
-            raise TooFewTrialsError(
-                f"step {step_key(step)} of {exp.name} has {len(judged)} usable trials of {len(specs)} planned, "
-                f"fewer than min_trials_per_step={exp.min_trials_per_step} ({len(skipped)} failed after their retries: "
-                f"{', '.join(sorted(skipped)[:5])}...). Nothing of this step was stored; fix the failing environment "
-                "or lower min_trials_per_step, then re-run the step."
-            )
+        require_enough_trials(exp, step, len(judged), len(specs), skipped)
         rollouts_ref = store.put_model("rollouts", rollouts_key, rollouts)
         rewards_key = _rewards_key(exp, rollouts_ref.content_hash, judge)
         rewards = Rewards(
@@ -246,8 +233,8 @@ def run_step(
         step=step,
         n_trials=len(usable),
         n_trials_planned=len(specs),
-        mean_reward=_mean([r.reward for r in usable]),
-        success_rate=_mean([float(r.verified) for r in usable]),
+        mean_reward=mean([r.reward for r in usable]),
+        success_rate=mean([float(r.verified) for r in usable]),
         weights_version=new_policy.weights.version,
         cache=cache,
         refs={
@@ -260,7 +247,7 @@ def run_step(
         trials_executed=after.get("trials_executed", 0) - before.get("trials_executed", 0),
         judge_calls=after.get("judge_calls", 0) - before.get("judge_calls", 0),
         metrics={
-            "mean_turns": _mean([float(by_trial[r.trial_id].turns) for r in usable]),
+            "mean_turns": mean([float(by_trial[r.trial_id].turns) for r in usable]),
             "groups_with_signal": float(stats.groups_with_signal),
             "grad_norm": stats.grad_norm,
         },
@@ -270,18 +257,8 @@ def run_step(
     return result, new_policy
 
 
-def _rewards_key(exp: Experiment, rollouts_hash: str, judge: object = None) -> str:
-    """A judge other than the in-process rubric (an LLM judge) names itself in the key: its
-    `cache_version` (prompt version and model). The rubric judge adds nothing, so its keys stay."""
-    judged_by = getattr(judge, "cache_version", None)
-    extra = {"judge": judged_by} if judged_by else {}
-    return cache_key(
-        "rewards", CODE_VERSIONS["rewards"], rubric=exp.rubric, max_turns=exp.task.max_turns, rollouts=rollouts_hash, **extra
-    )
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
+def _rewards_key(exp: Experiment, rollouts_hash: str, judge: object) -> str:
+    return rewards_key(CODE_VERSIONS["rewards"], judge, rubric=exp.rubric, max_turns=exp.task.max_turns, rollouts=rollouts_hash)
 
 
 class SecretSearchLoop:
