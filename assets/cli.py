@@ -9,8 +9,8 @@ from pathlib import Path
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from assets.definitions import DEFAULT_EXPERIMENTS
-from dagster_rl.experiment import ExperimentBase as Experiment
-from dagster_rl.experiment import load_experiments, step_key
+from dagster_rl.experiment import Experiment, step_key
+from dagster_rl.experiment_files import load_experiments
 from dagster_rl.lineage import trace
 from dagster_rl.store import ArtifactStore
 

@@ -6,9 +6,9 @@ from pathlib import Path
 from dagster import AssetSelection, Definitions, EnvVar, define_asset_job
 
 from assets.driver import build_driver
-from dagster_rl.experiment import ExperimentBase as Experiment
-from dagster_rl.experiment import load_experiments
-from resources import ArtifactStoreResource, JudgeEnvironment, RolloutEnvironment, TrainerEnvironment
+from dagster_rl.experiment import Experiment
+from dagster_rl.experiment_files import load_experiments
+from resources import ArtifactStoreResource, JudgeEnvironment, PipesTorchrunLauncher, RolloutEnvironment, TrainerEnvironment
 
 DEFAULT_EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 
@@ -16,17 +16,18 @@ DEFAULT_EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 JUDGE_URL, JUDGE_MODEL, JUDGE_API_KEY = "DAGSTER_RL_JUDGE_URL", "DAGSTER_RL_JUDGE_MODEL", "DAGSTER_RL_JUDGE_API_KEY"
 
 
-def judge_environment() -> JudgeEnvironment:
+def judge_environment(store: ArtifactStoreResource) -> JudgeEnvironment:
     """The in-process rubric judge; the LLM judge (backend `openai`) when DAGSTER_RL_JUDGE_URL is set.
 
     The choice is made where the definitions load; the URL, model and API key are `EnvVar`s, read
     where the run executes (the UI shows the variable's name, never the key).
     """
     if not os.environ.get(JUDGE_URL):
-        return JudgeEnvironment()
+        return JudgeEnvironment(artifact_store=store)
     if not os.environ.get(JUDGE_MODEL):
         raise ValueError(f"{JUDGE_URL} is set, so the judge is an LLM over that endpoint: set {JUDGE_MODEL} to its model's name")
     return JudgeEnvironment(
+        artifact_store=store,
         backend="openai",
         base_url=EnvVar(JUDGE_URL),
         model=EnvVar(JUDGE_MODEL),
@@ -34,16 +35,19 @@ def judge_environment() -> JudgeEnvironment:
     )
 
 
-def default_resources() -> dict:
+def default_resources(store: ArtifactStoreResource) -> dict:
+    """The embedded default: every environment in this process (torchrun as a Pipes subprocess)."""
     return {
         "rollout": RolloutEnvironment(),
-        "judge": judge_environment(),
-        "trainer": TrainerEnvironment(),
-        "artifact_store": ArtifactStoreResource(),
+        "judge": judge_environment(store),
+        "trainer": TrainerEnvironment(launcher=PipesTorchrunLauncher()),
+        "artifact_store": store,
     }
 
 
 def build_definitions(experiments: dict[str, Experiment], resources: dict | None = None) -> Definitions:
+    """The asset groups and train jobs of `experiments`, with the default resources overridden by
+    `resources` (the judge journals into the `artifact_store` given there)."""
     drivers = {name: build_driver(exp) for name, exp in experiments.items()}
     jobs = [
         define_asset_job(
@@ -53,7 +57,9 @@ def build_definitions(experiments: dict[str, Experiment], resources: dict | None
         )
         for name, driver in drivers.items()
     ]
-    return Definitions(assets=list(drivers.values()), jobs=jobs, resources={**default_resources(), **(resources or {})})
+    resources = dict(resources or {})
+    store = resources.get("artifact_store") or ArtifactStoreResource()
+    return Definitions(assets=list(drivers.values()), jobs=jobs, resources={**default_resources(store), **resources})
 
 
 defs = build_definitions(load_experiments(Path(os.environ.get("DAGSTER_RL_EXPERIMENTS", DEFAULT_EXPERIMENTS))))

@@ -1,9 +1,9 @@
 """The driver: one multi-asset per experiment that walks its partition range in step order.
 
 For each step it calls the rollout, judge and trainer environments through the task's loop
-(`dagster_rl.loop.loop_for`), then yields a materialization of `<exp>/rollouts`, `<exp>/rewards`
-and `<exp>/weights` for that partition (and, for language models, `<exp>/evaluation` once the
-step's held-out evaluation is done), so the UI fills in step by step. A backfill of a range is one
+(`dagster_rl.task`), then yields a materialization of `<exp>/rollouts`, `<exp>/rewards` and
+`<exp>/weights` for that partition (and of the task's extra step assets, such as a language
+model's `<exp>/evaluation`, once they are done), so the UI fills in step by step. A backfill of a range is one
 run (`BackfillPolicy.single_run()`). A subset selection materializes only the selected assets; every
 step still computes (or reuses) all of its artifacts.
 """
@@ -26,21 +26,25 @@ from dagster import (
     multi_asset,
 )
 
-from assets.lineage import starting_policy
-from assets.pipes import pipes_runner
+from assets.lineage import starting_weights
 from dagster_rl.checks import CHECK_NAMES
 from dagster_rl.errors import CheckFailedError, DagsterRLError, SimulatedCrash
-from dagster_rl.experiment import ExperimentBase as Experiment
-from dagster_rl.experiment import step_key
-from dagster_rl.loop import Engines, EvaluationResult, StepResult, loop_for
+from dagster_rl.experiment import Experiment, step_key
+from dagster_rl.task import Backends, StepAsset, StepResult, task_of
 from resources import ArtifactStoreResource, JudgeEnvironment, RolloutEnvironment, TrainerEnvironment
 
 CHAIN = ("rollouts", "rewards", "weights")
+CHAIN_DESCRIPTIONS = {
+    "rollouts": "Trajectories of every trial of the step, generated with the previous step's weights.",
+    "rewards": "Verifier + rubric reward of every trajectory of the step, sorted by trial id.",
+    "weights": "The policy after the step's GRPO update: the step's checkpoint.",
+}
 
 
-def chain_of(exp: Experiment) -> tuple[str, ...]:
-    """The assets of an experiment's group; language models add a held-out evaluation per step."""
-    return CHAIN + ("evaluation",) if exp.kind == "verifiable_prompts" else CHAIN
+def step_assets(exp: Experiment) -> dict[str, str]:
+    """The per-step assets of an experiment's group, in order, with their descriptions: the chain,
+    then the task's own (a language model's held-out `evaluation`)."""
+    return CHAIN_DESCRIPTIONS | {spec.name: spec.description for spec in task_of(exp.kind).step_assets}
 
 
 def step_partitions(exp: Experiment) -> StaticPartitionsDefinition:
@@ -48,21 +52,15 @@ def step_partitions(exp: Experiment) -> StaticPartitionsDefinition:
 
 
 def chain_specs(exp: Experiment) -> list[AssetSpec]:
-    descriptions = {
-        "rollouts": "Trajectories of every trial of the step, generated with the previous step's weights.",
-        "rewards": "Verifier + rubric reward of every trajectory of the step, sorted by trial id.",
-        "weights": "The policy after the step's GRPO update: the step's checkpoint.",
-        "evaluation": "Greedy accuracy of the step's weights on the held-out prompts (base model's too), off the critical path.",
-    }
     specs, dep = [], None
-    for name in chain_of(exp):
+    for name, description in step_assets(exp).items():
         specs.append(
             AssetSpec(
                 AssetKey([exp.name, name]),
                 deps=[dep] if dep else [],
                 skippable=True,
                 group_name=exp.name,
-                description=descriptions[name],
+                description=description,
                 metadata={"experiment": exp.name, "fork_of": exp.fork_of or ""},
             )
         )
@@ -177,13 +175,13 @@ def _drive(
         raise DagsterRLError(f"a run drives a contiguous range of steps; got {[step_key(s) for s in steps]}")
     store = artifact_store.get_store()
     info = _run_info(context, store)
-    loop = loop_for(exp)
-    policy = starting_policy(context.instance, exp, steps[0], store, loop)
-    engines = Engines(rollout.engine(exp), judge.engine(exp, store), trainer.engine(exp, runner=pipes_runner(context)))
-    for result in loop.iter_steps(exp, steps, policy, store, engines, context.log.warning):
-        if isinstance(result, EvaluationResult):
-            if AssetKey([exp.name, "evaluation"]) in context.selected_asset_keys:
-                yield _evaluation_materialization(exp, result, info)
+    loop = task_of(exp.kind).loop()
+    start = starting_weights(context.instance, exp, steps[0], store, loop)
+    backends = Backends(rollout.backend_for(exp), judge.backend_for(exp), trainer.backend_for(exp, context))
+    for result in loop.iter_steps(exp, steps, start, store, backends, context.log.warning):
+        if isinstance(result, StepAsset):
+            if AssetKey([exp.name, result.asset]) in context.selected_asset_keys:
+                yield _step_asset_materialization(exp, result, info)
             continue
         step = result.step
         context.log.info(
@@ -207,24 +205,26 @@ def _drive(
             raise SimulatedCrash(f"driver crash after step {step_key(step)} on attempt 0 (faults.crash_driver_at_step)")
 
 
-def _evaluation_materialization(exp: Experiment, result: EvaluationResult, info: dict) -> AssetMaterialization:
+def _step_asset_materialization(exp: Experiment, result: StepAsset, info: dict) -> AssetMaterialization:
+    values = {
+        **result.metadata,
+        "cache": result.cache,
+        "artifact_key": result.ref.key,
+        "content_hash": result.ref.content_hash,
+        "attempt": info["attempt"],
+        "started_at": info["started_at"],
+    }
     return AssetMaterialization(
-        asset_key=AssetKey([exp.name, "evaluation"]),
+        asset_key=AssetKey([exp.name, result.asset]),
         partition=step_key(result.step),
-        metadata={
-            "accuracy": MetadataValue.float(result.accuracy),
-            "base_accuracy": MetadataValue.float(result.base_accuracy),
-            "mean_reward": MetadataValue.float(result.mean_reward),
-            "n_prompts": MetadataValue.int(result.n),
-            "weights_version": MetadataValue.int(result.weights_version),
-            "cache": MetadataValue.text(result.cache),
-            "artifact_key": MetadataValue.text(result.ref.key),
-            "content_hash": MetadataValue.text(result.ref.content_hash),
-            "eval_s": MetadataValue.float(result.eval_s),
-            "attempt": MetadataValue.int(info["attempt"]),
-            "started_at": MetadataValue.text(info["started_at"]),
-        },
+        metadata={k: _metadata_value(v) for k, v in values.items()},
     )
+
+
+def _metadata_value(value: float | int | str) -> MetadataValue:
+    if isinstance(value, bool) or isinstance(value, str):
+        return MetadataValue.text(str(value))
+    return MetadataValue.int(value) if isinstance(value, int) else MetadataValue.float(value)
 
 
 def _report_checks(context: AssetExecutionContext, exp: Experiment, result: StepResult) -> list:

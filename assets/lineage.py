@@ -3,20 +3,19 @@
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from dagster_rl.errors import MissingPredecessorError
-from dagster_rl.experiment import ExperimentBase as Experiment
-from dagster_rl.experiment import step_key
-from dagster_rl.loop import Policy, TaskLoop
+from dagster_rl.experiment import Experiment, step_key
 from dagster_rl.store import ArtifactStore
+from dagster_rl.task import TaskLoop, Weights
 
 
 def weights_key(exp: Experiment) -> AssetKey:
     return AssetKey([exp.name, "weights"])
 
 
-def starting_policy(instance: DagsterInstance, exp: Experiment, first_step: int, store: ArtifactStore, loop: TaskLoop) -> Policy:
+def starting_weights(instance: DagsterInstance, exp: Experiment, first_step: int, store: ArtifactStore, loop: TaskLoop) -> Weights:
     """Initial weights for step 0; otherwise the weights materialized for step first_step - 1."""
     if first_step == 0:
-        return loop.initial_policy(exp, store)
+        return loop.initial_weights(exp, store)
     asset = weights_key(exp)
     prev = step_key(first_step - 1)
     done = instance.get_materialized_partitions(asset)
@@ -49,4 +48,4 @@ def starting_policy(instance: DagsterInstance, exp: Experiment, first_step: int,
             f"the weights of step {prev} of {exp.name} (artifact {artifact}) are not in the artifact store at "
             f"{store.url}; re-run the range from 0000 (what the store still holds is reused)."
         )
-    return loop.load_policy(exp, store, prev, artifact)
+    return loop.load_weights(exp, store, prev, artifact)

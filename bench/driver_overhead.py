@@ -18,9 +18,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dagster import DagsterInstance  # noqa: E402
 
 from assets.definitions import build_definitions  # noqa: E402
-from dagster_rl.environments import InProcessTrainer, RubricJudge, SandboxRollouts  # noqa: E402
-from dagster_rl.experiment import load_experiments, step_key  # noqa: E402
-from dagster_rl.secret_search.loop import initial_policy, run_step  # noqa: E402
+from dagster_rl.experiment import step_key  # noqa: E402
+from dagster_rl.experiment_files import load_experiments  # noqa: E402
+from dagster_rl.rubric_judge import RubricJudge  # noqa: E402
+from dagster_rl.secret_search.backends import SandboxRollouts, TabularTrainer  # noqa: E402
+from dagster_rl.secret_search.judge import score  # noqa: E402
+from dagster_rl.secret_search.loop import initial_weights, run_step  # noqa: E402
+from dagster_rl.task import Backends  # noqa: E402
 from dagster_rl.store import ArtifactStore  # noqa: E402
 from resources import ArtifactStoreResource, RolloutEnvironment  # noqa: E402
 
@@ -30,11 +34,11 @@ EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 def plain(steps: int, root: Path) -> tuple[float, float]:
     exp = load_experiments(EXPERIMENTS)["demo"]
     store = ArtifactStore(f"file://{root}/artifacts")
-    engines = SandboxRollouts(root / "sandboxes"), RubricJudge(), InProcessTrainer()
+    backends = Backends(SandboxRollouts(root / "sandboxes"), RubricJudge(score), TabularTrainer())
     t0 = time.perf_counter()
-    policy, inside = initial_policy(exp, store), 0.0
+    weights, inside = initial_weights(exp, store), 0.0
     for step in range(steps):
-        result, policy = run_step(exp, step, policy, store, *engines)
+        result, weights = run_step(exp, step, weights, store, backends)
         inside += result.timings["step_s"]
     return time.perf_counter() - t0, inside
 

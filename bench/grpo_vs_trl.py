@@ -119,7 +119,7 @@ def settings(args):
 def run_ours(args, model_dir: Path) -> dict:
     import torch
 
-    from dagster_rl.lm import loop, rollout_hf, trainer
+    from dagster_rl.lm import in_memory, rollout_hf, trainer
     from dagster_rl.lm.policy import make_optimizer
     from dagster_rl.lm.tasks import SyntheticPrompts, load_prompt_set
 
@@ -137,7 +137,7 @@ def run_ours(args, model_dir: Path) -> dict:
     rss_start = reset_hwm()
     for step in range(args.steps):
         clock.start()
-        _, rewards, _ = loop.inprocess_step(
+        _, rewards, _ = in_memory.inprocess_step(
             policy, optimizer, prompt_set, args.seed, step, args.prompts, args.samples, sampling, rubric, grpo
         )
         clock.stop(mean_reward=sum(r.reward for r in rewards) / len(rewards))

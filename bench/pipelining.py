@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dagster import DagsterInstance  # noqa: E402
 
 from assets.definitions import build_definitions  # noqa: E402
-from dagster_rl.experiment import parse_experiment, step_key  # noqa: E402
+from dagster_rl.experiment import step_key  # noqa: E402
+from dagster_rl.experiment_files import parse_experiment  # noqa: E402
 from resources import ArtifactStoreResource  # noqa: E402
 from tests.conftest import shipped_settings  # noqa: E402
 

@@ -29,7 +29,8 @@ from pathlib import Path
 import lm_common  # noqa: F401  (sets the offline environment and sys.path first)
 import torch
 
-from dagster_rl.lm.rollout_hf import generate_rollouts, plan_requests
+from dagster_rl.lm.records import plan_requests
+from dagster_rl.lm.rollout_hf import generate_rollouts
 from dagster_rl.lm.sampling import generate
 from dagster_rl.lm.settings import SamplingSettings
 from dagster_rl.lm.tasks import SyntheticPrompts, load_prompt_set, prompts_for_step, render

@@ -1,11 +1,12 @@
-"""Per-step checks of the weights a step produced: pure functions, run by the driver as asset checks."""
+"""Per-step checks, pure functions over a step's rewards and weights; the driver reports them as
+blocking asset checks of `<exp>/weights`. A task adds its own `weights_finite` check."""
 
 import math
 
 from pydantic import BaseModel
 
-from dagster_rl.experiment import ExperimentBase
-from dagster_rl.records import TabularWeights
+from dagster_rl.errors import TooFewTrialsError
+from dagster_rl.experiment import Experiment, step_key
 
 
 class CheckOutcome(BaseModel):
@@ -13,25 +14,6 @@ class CheckOutcome(BaseModel):
     passed: bool
     message: str
     value: float
-
-
-def prior_finite(weights: TabularWeights) -> CheckOutcome:
-    bad = [(w, i) for w, p in weights.doc_prior.items() for i, x in enumerate(p) if not math.isfinite(x)]
-    off = [w for w, p in weights.doc_prior.items() if abs(math.fsum(p) - 1.0) > 1e-6]
-    passed = not bad and not off
-    message = (
-        "every prior is finite and sums to 1"
-        if passed
-        else f"non-finite entries {bad[:5]}; priors not summing to 1: {off[:5]}"
-    )
-    return CheckOutcome(name="weights_finite", passed=passed, message=message, value=float(len(bad) + len(off)))
-
-
-def tensors_finite(tensors: dict) -> CheckOutcome:
-    """Every tensor of a checkpoint (name -> torch tensor) holds only finite numbers."""
-    bad = sorted(name for name, t in tensors.items() if t.is_floating_point() and not bool(t.isfinite().all()))
-    message = f"all {len(tensors)} tensors finite" if not bad else f"non-finite values in {bad[:5]}"
-    return CheckOutcome(name="weights_finite", passed=not bad, message=message, value=float(len(bad)))
 
 
 def rewards_in_bounds(rewards: list, low: float, high: float) -> CheckOutcome:
@@ -48,13 +30,24 @@ def enough_usable_trials(n_trials: int, planned: int, minimum: float) -> CheckOu
     return CheckOutcome(name="enough_usable_trials", passed=passed, message=message, value=fraction)
 
 
-def step_checks(exp: ExperimentBase, finite: CheckOutcome, rewards: list, planned: int) -> list[CheckOutcome]:
+def step_checks(exp: Experiment, finite: CheckOutcome, rewards: list, planned: int) -> list[CheckOutcome]:
     """The checks of every step; `finite` is the task's own check that its weights are finite."""
     return [
         finite,
-        rewards_in_bounds(rewards, 0.0, exp.rubric.max_reward),  # type: ignore[attr-defined]
+        rewards_in_bounds(rewards, 0.0, exp.max_reward),
         enough_usable_trials(len(rewards), planned, exp.checks.min_usable_fraction),
     ]
 
 
 CHECK_NAMES = ("weights_finite", "rewards_in_bounds", "enough_usable_trials")
+
+
+def require_enough_trials(exp: Experiment, step: int, usable: int, planned: int, skipped: list[str]) -> None:
+    """Fail the step, before anything of it is stored, when too few trials are usable."""
+    if usable < exp.min_trials_per_step:
+        raise TooFewTrialsError(
+            f"step {step_key(step)} of {exp.name} has {usable} usable trials of {planned} planned, "
+            f"fewer than min_trials_per_step={exp.min_trials_per_step} ({len(skipped)} failed after their retries: "
+            f"{', '.join(sorted(skipped)[:5])}...). Nothing of this step was stored; fix the failing environment "
+            "or lower min_trials_per_step, then re-run the step."
+        )

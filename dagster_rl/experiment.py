@@ -1,57 +1,22 @@
-"""Experiments: one YAML file each, validated into pydantic models.
+"""What every experiment has, whatever its task: name, seed, steps, trials, faults and checks.
 
-An experiment names its task, rubric, GRPO settings, steps and fault injection. A fork
-(`fork_of: parent`) starts from its parent's settings and overrides what it names; it is its own
-asset group but shares the artifact cache, since artifacts are keyed by content, not by name.
+Each task subclasses `Experiment` with its own `task`, rubric and training settings (see
+`dagster_rl.task`); `dagster_rl.experiment_files` reads the YAML files into those classes.
 """
 
-from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from dagster_rl.errors import ExperimentError
 from dagster_rl.hashing import content_hash
 
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
 class Strict(BaseModel):
+    """Settings: unknown fields are errors, values never change after validation."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SecretSearchTask(Strict):
-    """The agentic sandbox world: find the document holding the digest of the world's secret."""
-
-    kind: Literal["secret_search"] = "secret_search"
-    n_worlds: int = Field(3, ge=1, le=1000)
-    n_docs: int = Field(8, ge=2, le=1000)
-    max_turns: int = Field(4, ge=1)
-    scratch_rate: float = Field(0.3, ge=0.0, le=1.0, description="chance an agent leaves a scratch file")
-
-
-class Rubric(Strict):
-    """How the judge scores a trajectory on top of the verifier: reward = verified + score."""
-
-    name: str = "default"
-    correctness: float = Field(1.0, ge=0.0)
-    efficiency: float = Field(0.5, ge=0.0)
-    tidiness: float = Field(0.2, ge=0.0)
-
-    @property
-    def weight_total(self) -> float:
-        """The most the rubric's score can add to the verifier's 1."""
-        return self.correctness + self.efficiency + self.tidiness
-
-    @property
-    def max_reward(self) -> float:
-        return 1.0 + self.weight_total
-
-
-class GRPOSettings(Strict):
-    learning_rate: float = Field(1.0, gt=0.0)
-    advantage_eps: float = Field(1e-4, gt=0.0)
 
 
 class Faults(Strict):
@@ -71,8 +36,8 @@ class Checks(Strict):
     min_usable_fraction: float = Field(0.5, ge=0.0, le=1.0, description="usable trials / planned trials")
 
 
-class ExperimentBase(Strict):
-    """What every experiment has, whatever its task."""
+class Experiment(Strict):
+    """The settings every task's experiment class has; the task adds `task` and its own sections."""
 
     name: str = Field(pattern=IDENTIFIER, description="names the asset group and the jobs")
     description: str = ""
@@ -94,7 +59,17 @@ class ExperimentBase(Strict):
 
     @property
     def kind(self) -> str:
+        """The task kind (`task.kind` in the file): what `dagster_rl.task.task_of` looks up."""
         return self.task.kind  # type: ignore[attr-defined]
+
+    @property
+    def max_reward(self) -> float:
+        """The top of the reward scale: each task's rubric says it."""
+        return self.rubric.max_reward  # type: ignore[attr-defined]
+
+    def backends(self) -> dict[str, str]:
+        """The backend this experiment runs in the rollout and trainer environments, by name."""
+        return {"rollout": "in_process", "trainer": "in_process"}
 
     @property
     def n_trials_planned(self) -> int:
@@ -114,91 +89,5 @@ class ExperimentBase(Strict):
         return content_hash(self.training_inputs())
 
 
-class SecretSearchExperiment(ExperimentBase):
-    """The agentic loop: sandboxed episodes, verifier + rubric judge, tabular document priors."""
-
-    task: SecretSearchTask
-    rubric: Rubric = Rubric()
-    grpo: GRPOSettings = GRPOSettings()
-
-
-def experiment_kinds() -> dict[str, type[ExperimentBase]]:
-    from dagster_rl.lm.experiment import LMExperiment  # imports this module: load it late
-
-    return {"secret_search": SecretSearchExperiment, "verifiable_prompts": LMExperiment}
-
-
-def _kind_of(raw: Any) -> str | None:
-    task = raw.get("task") if isinstance(raw, dict) else None
-    return task.get("kind") if isinstance(task, dict) else None
-
-
 def step_key(step: int) -> str:
     return f"{step:04d}"
-
-
-def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in override.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ExperimentError(f"{path}: not valid YAML: {e}") from e
-    if not isinstance(raw, dict):
-        raise ExperimentError(f"{path}: expected a mapping of experiment settings, got {type(raw).__name__}")
-    return raw
-
-
-def parse_experiment(raw: dict[str, Any]) -> ExperimentBase:
-    """Validate settings against the experiment class of their `task.kind`."""
-    kind, kinds = _kind_of(raw), experiment_kinds()
-    if kind not in kinds:
-        raise ValueError(f"field 'task.kind': {kind!r} is not a task kind; use one of {sorted(kinds)}")
-    return kinds[kind].model_validate(raw)
-
-
-def _validate(path: Path, raw: dict[str, Any]) -> ExperimentBase:
-    try:
-        return parse_experiment(raw)
-    except ValidationError as e:
-        problems = "; ".join(
-            f"field '{'.'.join(str(p) for p in err['loc']) or '<root>'}': {err['msg']}" for err in e.errors()
-        )
-        raise ExperimentError(f"{path}: invalid experiment: {problems}") from None
-    except ValueError as e:
-        raise ExperimentError(f"{path}: invalid experiment: {e}") from None
-
-
-def load_experiment(path: Path) -> ExperimentBase:
-    """Load one experiment file that is not a fork."""
-    return _validate(path, _read_yaml(path))
-
-
-def load_experiments(directory: Path) -> dict[str, ExperimentBase]:
-    """Every `*.yaml` in `directory`, forks resolved against their parents, keyed by name."""
-    raws = {p: _read_yaml(p) for p in sorted(directory.glob("*.yaml"))}
-    by_name: dict[str, tuple[Path, dict[str, Any]]] = {}
-    for path, raw in raws.items():
-        name = raw.get("name")
-        if name in by_name:
-            raise ExperimentError(f"{path}: experiment name '{name}' is already used by {by_name[name][0]}")
-        by_name[str(name)] = (path, raw)
-
-    def resolved(name: str, seen: tuple[str, ...]) -> dict[str, Any]:
-        path, raw = by_name[name]
-        parent = raw.get("fork_of")
-        if parent is None:
-            return raw
-        if parent not in by_name:
-            raise ExperimentError(f"{path}: field 'fork_of': no experiment named '{parent}' in {directory}")
-        if parent in seen:
-            raise ExperimentError(f"{path}: field 'fork_of': forks form a cycle {' -> '.join(seen + (parent,))}")
-        inherited = {k: v for k, v in resolved(parent, seen + (parent,)).items() if k not in ("description", "fork_of")}
-        return _merge(inherited, raw)
-
-    return {name: _validate(path, resolved(name, (name,))) for name, (path, _) in by_name.items()}

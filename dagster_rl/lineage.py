@@ -9,7 +9,7 @@ import json
 from pydantic import BaseModel
 
 from dagster_rl.hashing import content_hash
-from dagster_rl.loop import STATS
+from dagster_rl.records import STATS
 from dagster_rl.store import DATA, ArtifactStore
 
 

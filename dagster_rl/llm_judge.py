@@ -1,9 +1,11 @@
-"""An LLM judge over an OpenAI-compatible chat completions endpoint, every call journaled.
+"""The judge environment's `openai` backend: an LLM over an OpenAI-compatible chat endpoint, every
+call journaled.
 
-`LLMJudge.judge(exp, trajectory)` has the shape of `RubricJudge.judge`: it returns a `Reward` with
-reward = verified + score, where the deterministic verifier decides `verified` and the LLM grades
-the trajectory against the rubric with a score in [0, 1], scaled by the rubric's weights. The call
-is `POST {base_url}/chat/completions` with `model` and `messages`; the reply must contain
+`LLMJudge.judge(exp, trajectory)` has the shape of `RubricJudge.judge`: the task's deterministic
+verifier decides whether the answer is right, and the LLM grades the trajectory against the rubric
+with a score in [0, 1], scaled by the rubric's weights. The task says how, in its `grading`
+(`dagster_rl.task.LLMGrading`): the prompt, and the reward for a grade. The call is
+`POST {base_url}/chat/completions` with `model` and `messages`; the reply must contain
 `SCORE: <number in [0, 1]>` (or a JSON object with a "score" field).
 
 Each attempt first asks the journal (dagster_rl.judge_journal) for (trajectory hash, rubric hash,
@@ -21,24 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagster_rl import counters
-from dagster_rl.environments import Limits
 from dagster_rl.errors import DagsterRLError
-from dagster_rl.experiment import Rubric
-from dagster_rl.experiment import SecretSearchExperiment as Experiment
 from dagster_rl.faults import maybe_fail
-from dagster_rl.hashing import canonical_json, content_hash
+from dagster_rl.hashing import content_hash
 from dagster_rl.judge_journal import JudgeCall, JudgeJournal, trajectory_hash
-from dagster_rl.records import Reward, Trajectory
-from dagster_rl.retries import with_retries
-from dagster_rl.secret_search.judge import judge as rubric_judge
+from dagster_rl.retries import Limits, with_retries
+from dagster_rl.task import LLMGrading
 
-PROMPT_VERSION = "llm-judge-prompt-1"
-SYSTEM_PROMPT = (
-    "You grade the trajectory of an agent that searched a sandboxed folder of documents for the "
-    "digest of a secret. Rubric (weights): correctness {correctness}, efficiency {efficiency}, "
-    "tidiness {tidiness}. Correct answers found in few turns without leaving files behind score "
-    "highest. Reply with one line: SCORE: <a number from 0 to 1>."
-)
 _SCORE = re.compile(r"score\s*[:=]\s*([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.IGNORECASE)
 
 
@@ -46,20 +37,9 @@ class LLMJudgeError(DagsterRLError):
     """The judge endpoint could not be reached, answered with an error, or its reply had no score."""
 
 
-def rubric_hash(rubric: Rubric) -> str:
+def rubric_hash(rubric: Any, prompt_version: str) -> str:
     """What the judge is asked, as a hash: the rubric and the prompt's version."""
-    return content_hash({"rubric": rubric, "prompt": PROMPT_VERSION})
-
-
-def build_messages(rubric: Rubric, traj: Trajectory, max_turns: int) -> list[dict[str, str]]:
-    shown = traj.model_dump(mode="json", exclude={"seed", "behavior_version"})
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT.format(**rubric.model_dump())},
-        {
-            "role": "user",
-            "content": f"Turn limit: {max_turns}.\nTrajectory (JSON):\n{canonical_json(shown).decode()}",
-        },
-    ]
+    return content_hash({"rubric": rubric, "prompt": prompt_version})
 
 
 def parse_score(reply: str) -> float:
@@ -115,11 +95,12 @@ class OpenAIChatClient:
 
 @dataclass(frozen=True)
 class LLMJudge:
-    """A judge environment (same interface as RubricJudge) backed by an OpenAI-compatible endpoint."""
+    """A judge backend (the interface of RubricJudge) over an OpenAI-compatible endpoint."""
 
     client: OpenAIChatClient
     model: str
     journal: JudgeJournal
+    grading: LLMGrading
     limits: Limits = Limits()
     temperature: float = 0.0
     max_tokens: int = 16
@@ -130,15 +111,15 @@ class LLMJudge:
     @property
     def cache_version(self) -> str:
         """Part of the rewards' cache key: another prompt or judge model scores differently."""
-        return f"llm-judge/{PROMPT_VERSION}/{self.model}"
+        return f"llm-judge/{self.grading.prompt_version}/{self.model}"
 
-    def judge(self, exp: Experiment, traj: Trajectory) -> Reward:
-        t_hash, r_hash = trajectory_hash(traj), rubric_hash(exp.rubric)
+    def judge(self, exp: Any, traj: Any) -> Any:
+        t_hash, r_hash = trajectory_hash(traj), rubric_hash(exp.rubric, self.grading.prompt_version)
 
         def ask() -> tuple[dict[str, Any], str, float]:
             body = {
                 "model": self.model,
-                "messages": build_messages(exp.rubric, traj, exp.task.max_turns),
+                "messages": self.grading.messages(exp, traj),
                 "temperature": self.temperature,
                 "max_tokens": self.max_tokens,
             }
@@ -146,7 +127,7 @@ class LLMJudge:
             reply = self.client.complete(body)
             return body, reply, parse_score(reply)
 
-        def attempt(n: int) -> Reward:
+        def attempt(n: int) -> Any:
             counters.bump("judge_calls")
             call, replayed = self.journal.replay_or_call(t_hash, r_hash, self.model, ask)
             if replayed:
@@ -154,15 +135,6 @@ class LLMJudge:
             elif self.after_call is not None:
                 self.after_call(call)
             maybe_fail(exp.faults.judge_flake_rate, n, exp.seed, "judge", traj.trial_id)
-            return self.reward(exp, traj, call)
+            return self.grading.reward(exp, traj, call.score)
 
         return with_retries(f"judging {traj.trial_id}", attempt, self.limits.max_retries, self.limits.timeout_s)
-
-    @staticmethod
-    def reward(exp: Experiment, traj: Trajectory, call: JudgeCall) -> Reward:
-        """The verifier's verdict plus the LLM's score in [0, 1], scaled by the rubric's weights."""
-        verified = rubric_judge(traj, exp.rubric, exp.task.max_turns)
-        score = exp.rubric.weight_total * call.score
-        return verified.model_copy(
-            update={"components": {"llm": call.score}, "score": score, "reward": float(verified.verified) + score}
-        )

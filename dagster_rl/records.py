@@ -1,77 +1,50 @@
-"""The records that flow through a step: trial specs, trajectories, rewards, weights, artifacts."""
+"""The records every task's step stores, generic over the task's trajectory and reward types.
+
+A step stores three artifacts, each naming what it was made from, so that any checkpoint can be
+traced back to step 0 (`dagster_rl.lineage`):
+
+    rollouts  `Rollouts[T]`: the step's trajectories and the weights that generated them
+    rewards   `Rewards[R]`: their rewards, and the rollouts artifact they score
+    weights   the task's files, with a `TrainedFrom` record: the weights and rewards it came from
+"""
+
+from typing import Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
+
+T = TypeVar("T")  # a task's trajectory
+R = TypeVar("R")  # a task's reward
 
 
 class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class TrialSpec(Record):
-    trial_id: str  # s{step}-p{prompt}-n{sample}
-    step: int
-    prompt: int
-    sample: int
-    world_id: str
-    seed: int
-
-
-class Trajectory(Record):
-    trial_id: str
-    step: int
-    prompt: int
-    world_id: str
-    seed: int
-    docs_read: list[int]
-    answer: str | None
-    turns: int
-    files_left: list[str]  # files the agent left in its sandbox beyond the world's
-    foreign_notes_seen: int  # notes of other trials found in the sandbox (must be 0)
-    behavior_version: int
-
-
-class Reward(Record):
-    trial_id: str
-    prompt: int
-    world_id: str
-    docs_read: list[int]
-    verified: bool
-    components: dict[str, float]
-    score: float
-    reward: float  # verified + score
-
-
-class TabularWeights(Record):
-    """The secret_search policy: per world, a prior over its documents."""
-
-    version: int
-    doc_prior: dict[str, list[float]]
-
-
-class Rollouts(Record):
+class Rollouts(Record, Generic[T]):
     step: int
     behavior_policy: dict[str, str | int]  # weights partition, key, content hash, version
     n_trials_planned: int
-    trajectories: list[Trajectory]  # sorted by trial id
+    trajectories: list[T]  # sorted by trial id
     skipped: list[str]
 
 
-class Rewards(Record):
+class Rewards(Record, Generic[R]):
     step: int
     rollouts_key: str
     rollouts_hash: str
     rubric: dict[str, str | float]
-    rewards: list[Reward]  # sorted by trial id
+    rewards: list[R]  # sorted by trial id
     skipped: list[str]
 
 
-class TrainStats(Record):
+class TrainedFrom(Record):
+    """Stored beside trained weights (`STATS`): what trained them. Tasks add how it went."""
+
     step: int
-    groups: int
-    groups_with_signal: int
-    samples_used: int
-    grad_norm: float
     prev_weights_key: str
     prev_weights_hash: str
     rewards_key: str
     rewards_hash: str
+
+
+STATS = "stats.json"  # the file of a trained weights artifact that holds its `TrainedFrom` record

@@ -2,9 +2,19 @@
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """An environment's limits on each of its calls (a trial, a judgement, an update)."""
+
+    max_retries: int = 2
+    timeout_s: float = 60.0
+    max_concurrency: int = 8
 
 
 class AttemptsExhausted(RuntimeError):

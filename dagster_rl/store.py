@@ -8,6 +8,7 @@ overwritten: writing different content under an existing key is refused.
 
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import fsspec
@@ -95,6 +96,22 @@ class ArtifactStore:
 
     def get_model(self, kind: str, key: str, model: type[M]) -> M:
         return model.model_validate_json(self.get(kind, key, DATA))
+
+    def get_or_put(self, kind: str, key: str, model: type[M], compute: Callable[[], M]) -> tuple[M, ArtifactRef, bool]:
+        """The model stored under (kind, key), or `compute()` stored there: (value, ref, hit)."""
+        if self.exists(kind, key):
+            return self.get_model(kind, key, model), self.ref(kind, key), True
+        value = compute()
+        return value, self.put_model(kind, key, value), False
+
+    def get_or_put_files(
+        self, kind: str, key: str, compute: Callable[[], dict[str, bytes]]
+    ) -> tuple[dict[str, bytes], ArtifactRef, bool]:
+        """`get_or_put` for an artifact of several files (name -> bytes)."""
+        if self.exists(kind, key):
+            return self.get_all(kind, key), self.ref(kind, key), True
+        files = compute()
+        return files, self.put(kind, key, files), False
 
     def put_record(self, path: str, value: dict[str, Any]) -> dict[str, Any]:
         """Write a small JSON record once; return what is there (the first write wins)."""

@@ -1,3 +1,5 @@
+"""Where artifacts live: the content-addressed store (`dagster_rl.store`) as a Dagster resource."""
+
 import os
 from pathlib import Path
 
@@ -13,7 +15,16 @@ def default_artifact_url() -> str:
 
 
 class ArtifactStoreResource(ConfigurableResource):
-    """Where artifacts live: any fsspec URL (`file:///...`, `s3://bucket/prefix`, ...)."""
+    """Where artifacts live: any fsspec URL (`file:///...`, `s3://bucket/prefix`, ...).
+
+    Examples:
+        .. code-block:: python
+
+            from dagster import Definitions
+            from resources import ArtifactStoreResource
+
+            defs = Definitions(assets=[...], resources={"artifact_store": ArtifactStoreResource(url="s3://my-bucket/dagster-rl")})
+    """
 
     url: str = Field("", description="fsspec URL; empty means $DAGSTER_HOME/artifacts")
 

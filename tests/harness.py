@@ -6,8 +6,8 @@ from pathlib import Path
 from dagster import AssetKey, DagsterInstance, Definitions
 
 from assets.definitions import build_definitions
-from dagster_rl.experiment import ExperimentBase as Experiment
-from dagster_rl.experiment import load_experiments
+from dagster_rl.experiment import Experiment
+from dagster_rl.experiment_files import load_experiments
 from resources import ArtifactStoreResource, RolloutEnvironment
 
 CHAIN = ("rollouts", "rewards", "weights")
@@ -62,12 +62,13 @@ class Lab:
 
 
 def open_lab(home: Path, experiments_dir: Path, **resources) -> Lab:
+    """A lab over `home`. A resource given as a function is called with the lab's artifact store
+    resource (a judge journals into it: `judge=lambda store: JudgeEnvironment(artifact_store=store, ...)`)."""
     experiments = load_experiments(experiments_dir)
-    defaults = {
-        "artifact_store": ArtifactStoreResource(url=f"file://{home}/artifacts"),
-        "rollout": RolloutEnvironment(sandbox_root=str(home / "sandboxes")),
-    }
-    defs = build_definitions(experiments, {**defaults, **resources})
+    store = resources.pop("artifact_store", None) or ArtifactStoreResource(url=f"file://{home}/artifacts")
+    defaults = {"artifact_store": store, "rollout": RolloutEnvironment(sandbox_root=str(home / "sandboxes"))}
+    given = {k: r(store) if callable(r) and not hasattr(r, "get_resource_definition") else r for k, r in resources.items()}
+    defs = build_definitions(experiments, {**defaults, **given})
     return Lab(home, experiments, defs, DagsterInstance.from_config(str(home)))
 
 

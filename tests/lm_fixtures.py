@@ -12,7 +12,8 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 from dagster_rl.lm.policy import Policy, load_policy  # noqa: E402
 from dagster_rl.lm.rewards import LMRubric, score  # noqa: E402
-from dagster_rl.lm.rollout_hf import generate_rollouts, plan_requests  # noqa: E402
+from dagster_rl.lm.records import plan_requests  # noqa: E402
+from dagster_rl.lm.rollout_hf import generate_rollouts  # noqa: E402
 from dagster_rl.lm.settings import GRPOLMSettings, LoRASettings, PolicySettings, SamplingSettings  # noqa: E402
 from dagster_rl.lm.tasks import SyntheticPrompts, load_prompt_set, prompts_for_step  # noqa: E402
 from dagster_rl.lm.tiny import save_tiny_model  # noqa: E402

@@ -91,7 +91,7 @@ def test_flaky_trials_and_judge_are_retried_and_change_nothing(lab, uninterrupte
 
 
 def test_a_trial_that_fails_after_its_retries_is_skipped(lab):
-    no_retries = {"rollout": RolloutEnvironment(max_retries=0), "judge": JudgeEnvironment(max_retries=0)}
+    no_retries = {"rollout": RolloutEnvironment(max_retries=0), "judge": lambda store: JudgeEnvironment(artifact_store=store, max_retries=0)}
     settings = demo_settings(
         faults={"flaky_trial_rate": 0.25, "judge_flake_rate": 0.2}, min_trials_per_step=6, checks={"min_usable_fraction": 0.2}
     )

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from dagster_rl.errors import ExperimentError
-from dagster_rl.experiment import load_experiments
+from dagster_rl.experiment_files import load_experiments
 from tests.conftest import REPO, demo_settings, write_experiments
 
 

@@ -6,26 +6,29 @@ import pytest
 import yaml
 
 from dagster_rl import counters
-from dagster_rl.environments import InProcessTrainer, Limits, SandboxRollouts
-from dagster_rl.experiment import SecretSearchExperiment as Experiment
 from dagster_rl.judge_journal import KIND, JudgeJournal, journal_key, trajectory_hash
 from dagster_rl.llm_judge import LLMJudge, LLMJudgeError, OpenAIChatClient, parse_score, rubric_hash
-from dagster_rl.records import Rewards, Trajectory
-from dagster_rl.retries import AttemptsExhausted
-from dagster_rl.secret_search.loop import initial_policy, run_step
+from dagster_rl.records import Rewards
+from dagster_rl.retries import AttemptsExhausted, Limits
+from dagster_rl.secret_search.backends import SandboxRollouts, TabularTrainer
+from dagster_rl.secret_search.experiment import SecretSearchExperiment
+from dagster_rl.secret_search.grading import SecretSearchGrading
+from dagster_rl.secret_search.loop import initial_weights, run_step
+from dagster_rl.secret_search.records import Reward, Trajectory
 from dagster_rl.store import ArtifactStore
+from dagster_rl.task import Backends
 from tests.openai_stub import CrashAfterJudgeCall, OpenAIStub, rule_score
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "stub-judge-1"
 
 
-def experiment(**overrides) -> Experiment:
+def experiment(**overrides) -> SecretSearchExperiment:
     raw = yaml.safe_load((REPO / "experiments" / "demo.yaml").read_text())
     raw.update(name="judged", n_steps=2, prompts_per_step=4, n_samples=4, min_trials_per_step=8)
     for key, value in overrides.items():
         raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
-    return Experiment.model_validate(raw)
+    return SecretSearchExperiment.model_validate(raw)
 
 
 def trajectory(i: int) -> Trajectory:
@@ -61,6 +64,7 @@ def make_judge(stub: OpenAIStub, store: ArtifactStore, model: str = MODEL, max_r
         client=OpenAIChatClient(stub.base_url, timeout_s=5.0),
         model=model,
         journal=JudgeJournal(ArtifactStore(store.url)),
+        grading=SecretSearchGrading(),
         limits=Limits(max_retries=max_retries, timeout_s=30.0, max_concurrency=4),
         **kw,
     )
@@ -97,7 +101,7 @@ def test_a_judging_task_retried_after_failing_replays_the_identical_score(stub, 
     again = make_judge(stub, store).judge(exp, traj)
     assert stub.count == 1
     assert first == again
-    entry = JudgeJournal(store).lookup(trajectory_hash(traj), rubric_hash(exp.rubric), MODEL)
+    entry = JudgeJournal(store).lookup(trajectory_hash(traj), rubric_hash(exp.rubric, SecretSearchGrading.prompt_version), MODEL)
     assert entry is not None and entry.reply == f"SCORE: {rule_score(stub.calls[0])}"
     assert first.components["llm"] == entry.score
     assert store.exists(KIND, journal_key(entry.trajectory_hash, entry.rubric_hash, MODEL))
@@ -133,7 +137,7 @@ def test_a_step_under_judge_flakes_pays_one_judge_call_per_trial(stub, tmp_path,
     judge = make_judge(stub, store)
     rollout = SandboxRollouts(sandbox_root=tmp_path / "sandboxes")
     replays = counters.read("judge_journal_replays")
-    result, _ = run_step(exp, 0, initial_policy(exp, store), store, rollout, judge, InProcessTrainer())
+    result, _ = run_step(exp, 0, initial_weights(exp, store), store, Backends(rollout, judge, TabularTrainer()))
     assert result.n_trials == exp.n_trials_planned == 16
     assert stub.count == result.n_trials
     assert len({b["messages"][-1]["content"] for b in stub.calls}) == stub.count, "no trajectory judged twice"
@@ -176,14 +180,14 @@ def test_the_judge_environment_openai_backend_drives_steps_one_call_per_trial(st
     from tests.conftest import demo_settings
 
     settings = demo_settings(name="llm", n_steps=2, prompts_per_step=4, n_samples=4, min_trials_per_step=8, faults={"judge_flake_rate": 0.3})
-    judge = JudgeEnvironment(backend="openai", base_url=stub.base_url, model=MODEL, request_timeout_s=5.0)
+    judge = lambda store: JudgeEnvironment(artifact_store=store, backend="openai", base_url=stub.base_url, model=MODEL, request_timeout_s=5.0)  # noqa: E731
     run = lab("llm", settings, judge=judge)
     run.run("llm", "0000", "0001")
     assert stub.count == 2 * 16, "one judge call per trial; flaked judgements replay the journal"
     for step in ("0000", "0001"):
         meta = run.latest("llm", "rewards", step)
         assert meta["n_trials"] == 16 and meta["judge_calls"] > 16  # some attempts flaked and were replayed
-    rewards = run.store().get_model("rewards", run.latest("llm", "rewards", "0000")["artifact_key"], Rewards)
+    rewards = run.store().get_model("rewards", run.latest("llm", "rewards", "0000")["artifact_key"], Rewards[Reward])
     assert all(set(r.components) == {"llm"} for r in rewards.rewards)
 
     rubric_judged = lab("rubric", {**settings, "name": "rubric"})
@@ -197,12 +201,14 @@ def test_the_code_location_picks_the_llm_judge_from_the_environment(monkeypatch)
     from dagster import EnvVar
 
     from assets.definitions import judge_environment
+    from resources import ArtifactStoreResource
 
+    store = ArtifactStoreResource()
     monkeypatch.delenv("DAGSTER_RL_JUDGE_URL", raising=False)
-    assert judge_environment().backend == "in_process"
+    assert judge_environment(store).backend == "in_process"
     monkeypatch.setenv("DAGSTER_RL_JUDGE_URL", "http://127.0.0.1:1/v1")
     with pytest.raises(ValueError, match="DAGSTER_RL_JUDGE_MODEL"):
-        judge_environment()
+        judge_environment(store)
     monkeypatch.setenv("DAGSTER_RL_JUDGE_MODEL", MODEL)
-    judge = judge_environment()
+    judge = judge_environment(store)
     assert judge.backend == "openai" and judge.base_url == EnvVar("DAGSTER_RL_JUDGE_URL") and judge.api_key == ""

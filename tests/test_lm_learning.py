@@ -2,7 +2,8 @@
 
 import statistics
 
-from dagster_rl.lm.loop import evaluate, inprocess_step
+from dagster_rl.lm.evaluation import evaluate
+from dagster_rl.lm.in_memory import inprocess_step
 from dagster_rl.lm.policy import make_optimizer
 from dagster_rl.lm.settings import GRPOLMSettings, SamplingSettings
 from dagster_rl.lm.tasks import SyntheticPrompts, load_prompt_set

@@ -70,7 +70,7 @@ def test_advantages_zero_variance_group_gives_zero_but_keeps_its_samples():
 
 def test_build_samples_groups_by_step_and_prompt_and_keeps_no_signal_groups():
     from dagster_rl.lm.rewards import LMReward
-    from dagster_rl.lm.rollout_hf import LMRollout
+    from dagster_rl.lm.records import LMRollout
 
     def rollout(p, s):
         return LMRollout(

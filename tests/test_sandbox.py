@@ -2,15 +2,15 @@
 
 from concurrent.futures import ThreadPoolExecutor
 
-from dagster_rl.records import TrialSpec
+from dagster_rl.secret_search.records import TrialSpec
 from dagster_rl.secret_search.agent import run_agent
 from dagster_rl.secret_search.judge import judge, verify
 from dagster_rl.secret_search.world import DIGEST_PREFIX, build_world, secret_digest, secret_doc
-from dagster_rl.experiment import Rubric
+from dagster_rl.secret_search.experiment import Rubric
 from dagster_rl.secret_search.loop import ensure_worlds
 from dagster_rl.store import ArtifactStore
 from tests.conftest import demo_settings
-from dagster_rl.experiment import parse_experiment
+from dagster_rl.experiment_files import parse_experiment
 
 
 def test_world_holds_the_digest_in_exactly_one_document_and_never_the_secret():

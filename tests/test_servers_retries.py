@@ -72,7 +72,7 @@ def reference(tmp_path_factory, stub):
     """Uninterrupted in-process runs of the crash and kill experiments, without faults, own artifact store."""
     home = new_dagster_home(tmp_path_factory.mktemp("reference") / "home")
     clean = [{**EXPERIMENTS[name], "faults": {}} for name in ("crash", "kill_worker", "kill_step")]
-    judge = JudgeEnvironment(backend="openai", base_url=stub.base_url, model=MODEL)
+    judge = lambda store: JudgeEnvironment(artifact_store=store, backend="openai", base_url=stub.base_url, model=MODEL)  # noqa: E731
     lab = open_lab(home, write_experiments(home / "experiments", *clean), judge=judge)
     for raw in clean:
         lab.run(raw["name"], "0000", steps(raw["n_steps"])[-1])

@@ -6,8 +6,8 @@ import random
 import pytest
 
 from dagster_rl.advantages import group_normalized_advantages
-from dagster_rl.experiment import GRPOSettings
-from dagster_rl.records import Reward, TabularWeights
+from dagster_rl.secret_search.experiment import GRPOSettings
+from dagster_rl.secret_search.records import Reward, TabularWeights
 from dagster_rl.secret_search.prior import apply_logit_step, order_log_prob_grad, sample_order
 from dagster_rl.secret_search.update import update
 

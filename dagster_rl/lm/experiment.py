@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from dagster_rl.experiment import ExperimentBase, Strict
+from dagster_rl.experiment import Experiment, Strict
 from dagster_rl.lm.settings import GRPOLMSettings, LMRubric, PolicySettings, SamplingSettings
 from dagster_rl.lm.tasks import PromptSource, SyntheticPrompts
 
@@ -24,7 +24,7 @@ class LMTrainerSettings(Strict):
     threads_per_process: int = Field(1, ge=1, description="torch threads of each trainer process")
 
 
-class LMExperiment(ExperimentBase):
+class LMExperiment(Experiment):
     task: VerifiablePromptsTask
     policy: PolicySettings
     sampling: SamplingSettings = SamplingSettings()
@@ -36,11 +36,14 @@ class LMExperiment(ExperimentBase):
     )
     generation_threads: int = Field(1, ge=1, description="torch threads of generation in the driver process")
 
-    NOT_TRAINING = ExperimentBase.NOT_TRAINING | {"generation_threads", "trainer"}
+    NOT_TRAINING = Experiment.NOT_TRAINING | {"generation_threads", "trainer"}
 
     def training_inputs(self) -> dict:
         # the trainer's backend and threads do not change the numbers; its world size does (all-reduce order)
         return super().training_inputs() | {"world_size": self.world_size}
+
+    def backends(self) -> dict[str, str]:
+        return {"rollout": "hf", "trainer": self.trainer.backend}
 
     @property
     def eval_max_new_tokens(self) -> int:

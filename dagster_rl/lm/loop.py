@@ -1,52 +1,288 @@
-"""The language-model step in one process: what the CPU example and the tests run.
+"""The language-model loop: generate, judge, train, evaluate, cached by content.
 
-`inprocess_step` generates the step's rollouts with the current adapter, scores them and trains
-once; `evaluate` scores greedy completions of the held-out split. The Dagster driver calls the
-same pieces one by one (rollouts, rewards, then the worker) to store each as an artifact.
+With `max_policy_lag: 1` generation of step k+1 (with the weights of step k-1) runs in a thread
+while step k trains; the loss's clipped importance ratio against the recorded sampling
+log-probabilities corrects for the stale behavior policy. Held-out evaluation of step k runs in
+another thread and is awaited after step k+1 trains.
 """
 
-from pydantic import BaseModel
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
-from dagster_rl.lm.policy import Policy
-from dagster_rl.lm.rewards import LMReward, LMRubric, score, score_text
-from dagster_rl.lm.rollout_hf import LMRollout, generate_rollouts, greedy_completions, plan_requests
-from dagster_rl.lm.settings import GRPOLMSettings, SamplingSettings
-from dagster_rl.lm.tasks import PromptSet, prompts_for_step
-from dagster_rl.lm.trainer import TrainMetrics, build_samples, train_step
+import torch
+from safetensors.torch import load as load_safetensors
+
+from dagster_rl import counters
+from dagster_rl.checks import CheckOutcome, require_enough_trials, step_checks
+from dagster_rl.experiment import step_key
+from dagster_rl.hashing import cache_key, canonical_json
+from dagster_rl.lm.evaluation import Evaluation, evaluate
+from dagster_rl.lm.experiment import LMExperiment as Exp
+from dagster_rl.lm.policy import ADAPTER, checkpoint_bytes, load_policy, read_state
+from dagster_rl.lm.rewards import LMReward
+from dagster_rl.lm.records import LMRollout, plan_requests
+from dagster_rl.lm.tasks import PromptSet, load_prompt_set, prompts_for_step
+from dagster_rl.records import STATS, Rewards, Rollouts, TrainedFrom
+from dagster_rl.retries import AttemptsExhausted
+from dagster_rl.steps import by_trial, judge_all, mean, rewards_key
+from dagster_rl.store import ArtifactRef, ArtifactStore
+from dagster_rl.task import Backends, StepAsset, StepResult, Warn, Weights
+
+CODE_VERSIONS = {
+    "initial": "lora-init-1",
+    "rollouts": "hf-rollouts-1",
+    "rewards": "lm-rubric-1",
+    "weights": "grpo-lora-1",
+    "evaluation": "greedy-eval-1",
+}
+Checkpoint = dict[str, bytes]  # file name -> bytes: adapter, its config, optimizer state, version
 
 
-class EvalResult(BaseModel):
-    n: int
-    accuracy: float
-    mean_reward: float
+class LMTrainStats(TrainedFrom):
+    version: int
+    metrics: dict[str, float]
 
 
-def inprocess_step(
-    policy: Policy,
-    optimizer,
-    prompt_set: PromptSet,
-    seed: int,
-    step: int,
-    prompts_per_step: int,
-    n_samples: int,
-    sampling: SamplingSettings,
-    rubric: LMRubric,
-    grpo: GRPOLMSettings,
-) -> tuple[list[LMRollout], list[LMReward], TrainMetrics]:
-    items = prompts_for_step(prompt_set.train, seed, step, prompts_per_step)
-    rollouts = generate_rollouts(policy, plan_requests(items, seed, step, n_samples), sampling, prompt_set.template)
-    rewards = [score(r, rubric) for r in rollouts]
-    samples, facts = build_samples(rollouts, rewards, grpo.advantage_eps)
-    return rollouts, rewards, train_step(policy, optimizer, samples, len(samples), grpo, facts)
+@dataclass
+class Generated:
+    """A step's rollouts and rewards, stored."""
+
+    rollouts: Rollouts[LMRollout]
+    rollouts_ref: ArtifactRef
+    rewards: Rewards[LMReward]
+    rewards_ref: ArtifactRef
+    cache: dict[str, str]
+    trials: int
+    judge_calls: int
+    seconds: float
 
 
-def evaluate(policy: Policy, prompt_set: PromptSet, rubric: LMRubric, max_new_tokens: int) -> EvalResult:
-    texts = greedy_completions(policy, prompt_set.eval, prompt_set.template, max_new_tokens)
-    scored = [score_text(t, it.reference, rubric) for t, it in zip(texts, prompt_set.eval)]
-    correct = [a is not None and a == it.reference for (a, _), it in zip(scored, prompt_set.eval)]
-    n = len(texts)
-    return EvalResult(
-        n=n,
-        accuracy=sum(correct) / n if n else 0.0,
-        mean_reward=sum(sum(c.values()) for _, c in scored) / n if n else 0.0,
-    )
+def _checkpoint(files: dict[str, bytes]) -> Checkpoint:
+    return {k: v for k, v in files.items() if k != STATS}
+
+
+def adapter_finite(checkpoint: Checkpoint) -> CheckOutcome:
+    """The `weights_finite` check of a step's checkpoint: every adapter tensor holds finite numbers."""
+    tensors = load_safetensors(checkpoint[ADAPTER])
+    bad = sorted(name for name, t in tensors.items() if t.is_floating_point() and not bool(t.isfinite().all()))
+    message = f"all {len(tensors)} tensors finite" if not bad else f"non-finite values in {bad[:5]}"
+    return CheckOutcome(name="weights_finite", passed=not bad, message=message, value=float(len(bad)))
+
+
+class LMLoop:
+    def initial_weights(self, exp: Exp, store: ArtifactStore) -> Weights[Checkpoint]:
+        """A fresh adapter (LoRA B = 0: the base model), the same in every run."""
+        key = cache_key("weights", CODE_VERSIONS["initial"], policy=exp.policy)
+        files, ref, _ = store.get_or_put_files("weights", key, lambda: checkpoint_bytes(load_policy(exp.policy), None))
+        return Weights("initial", ref, files, read_state(files)["version"])
+
+    def load_weights(self, exp: Exp, store: ArtifactStore, partition: str, key: str) -> Weights[Checkpoint]:
+        files = _checkpoint(store.get_all("weights", key))
+        return Weights(partition, store.ref("weights", key), files, read_state(files)["version"])
+
+    def _trained_from(self, exp: Exp, store: ArtifactStore, weights: Weights[Checkpoint], step: int) -> Weights[Checkpoint]:
+        """The weights `weights` were trained from (the behavior policy of a lagged step)."""
+        if weights.partition == "initial":
+            return weights
+        stats = LMTrainStats.model_validate_json(store.get("weights", weights.ref.key, STATS))
+        return self.load_weights(exp, store, step_key(step) if step >= 0 else "initial", stats.prev_weights_key)
+
+    def iter_steps(
+        self, exp: Exp, steps: Sequence[int], start: Weights[Checkpoint], store: ArtifactStore, backends: Backends, warn: Warn
+    ) -> Iterator[StepResult | StepAsset]:
+        prompts = load_prompt_set(exp.task.source)
+        lag, first, last = exp.max_policy_lag, steps[0], steps[-1]
+        weights = {first - 1: start}  # step -> the weights it produced; -1: initial
+        if lag and first - 2 >= -1:
+            weights[first - 2] = self._trained_from(exp, store, start, first - 2)
+        base = self.initial_weights(exp, store)
+
+        def behavior(k: int) -> Weights[Checkpoint]:
+            return weights[max(k - 1 - lag, -1)]
+
+        def generate(k: int):
+            return gen_pool.submit(self._generate, exp, k, behavior(k), prompts, store, backends, warn)
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(exp.generation_threads)
+        try:
+            with ThreadPoolExecutor(1, "generate") as gen_pool, ThreadPoolExecutor(1, "evaluate") as eval_pool:
+                generating, evaluating = generate(first), []
+                for k in steps:
+                    gen = generating.result()
+                    if lag and k < last:  # step k+1 generates with the weights of step k-1 while step k trains
+                        generating = generate(k + 1)
+                    result, weights[k] = self._train(exp, k, weights[k - 1], gen, store, backends)
+                    if not lag and k < last:
+                        generating = generate(k + 1)
+                    yield result
+                    while evaluating:  # evaluation of step k-1 is awaited after step k trains
+                        yield evaluating.pop(0).result()
+                    evaluating.append(eval_pool.submit(self._evaluate, exp, k, weights[k], base, prompts, store))
+                for pending in evaluating:
+                    yield pending.result()
+        finally:
+            torch.set_num_threads(threads)
+
+    def _generate(
+        self, exp: Exp, step: int, behavior: Weights[Checkpoint], prompts: PromptSet, store: ArtifactStore, backends: Backends, warn: Warn
+    ) -> Generated:
+        t0 = time.monotonic()
+        requests = plan_requests(prompts_for_step(prompts.train, exp.seed, step, exp.prompts_per_step), exp.seed, step, exp.n_samples)
+        judged: dict[str, list] = {}  # rewards judged right after generating, when the rollouts are new
+
+        def generate() -> Rollouts[LMRollout]:
+            skipped: list[str] = []
+            try:
+                trajectories = backends.rollout.generate(exp, requests, behavior.payload, prompts.template)
+            except AttemptsExhausted as e:
+                warn(f"generation of step {step_key(step)} failed after its retries: {e}")
+                trajectories, skipped = [], [r.trial_id for r in requests]
+            rewards, judge_skipped = judge_all(exp, trajectories, backends.judge, warn)
+            judged.update(rewards=rewards, skipped=skipped + judge_skipped)
+            require_enough_trials(exp, step, len(rewards), len(requests), judged["skipped"])  # before anything is stored
+            return Rollouts[LMRollout](
+                step=step, behavior_policy=behavior.lineage(), n_trials_planned=len(requests), trajectories=trajectories, skipped=skipped
+            )
+
+        rollouts, rollouts_ref, rollouts_hit = store.get_or_put("rollouts", self._rollouts_key(exp, step, behavior), Rollouts[LMRollout], generate)
+
+        def judge() -> Rewards[LMReward]:
+            if judged:
+                rewards, skipped = judged["rewards"], judged["skipped"]
+            else:
+                rewards, judge_skipped = judge_all(exp, rollouts.trajectories, backends.judge, warn)
+                skipped = list(rollouts.skipped) + judge_skipped
+                require_enough_trials(exp, step, len(rewards), rollouts.n_trials_planned, skipped)
+            return Rewards[LMReward](
+                step=step,
+                rollouts_key=rollouts_ref.key,
+                rollouts_hash=rollouts_ref.content_hash,
+                rubric=exp.rubric.model_dump(),
+                rewards=by_trial(rewards),
+                skipped=sorted(skipped),
+            )
+
+        rewards_key_ = rewards_key(CODE_VERSIONS["rewards"], backends.judge, rubric=exp.rubric, rollouts=rollouts_ref.content_hash)
+        rewards, rewards_ref, rewards_hit = store.get_or_put("rewards", rewards_key_, Rewards[LMReward], judge)
+        return Generated(
+            rollouts,
+            rollouts_ref,
+            rewards,
+            rewards_ref,
+            cache={"rollouts": "hit" if rollouts_hit else "miss", "rewards": "hit" if rewards_hit else "miss"},
+            trials=0 if rollouts_hit else len(requests),
+            judge_calls=0 if rewards_hit else len(rollouts.trajectories),
+            seconds=time.monotonic() - t0,
+        )
+
+    def _rollouts_key(self, exp: Exp, step: int, behavior: Weights[Checkpoint]) -> str:
+        return cache_key(
+            "rollouts",
+            CODE_VERSIONS["rollouts"],
+            task=exp.task,
+            policy=exp.policy,
+            sampling=exp.sampling,
+            seed=exp.seed,
+            step=step,
+            prompts_per_step=exp.prompts_per_step,
+            n_samples=exp.n_samples,
+            behavior=behavior.ref.content_hash,
+        )
+
+    def _train(
+        self, exp: Exp, step: int, previous: Weights[Checkpoint], gen: Generated, store: ArtifactStore, backends: Backends
+    ) -> tuple[StepResult, Weights[Checkpoint]]:
+        t0 = time.monotonic()
+
+        def train() -> dict[str, bytes]:
+            files, metrics = backends.trainer.train(exp, previous.payload, gen.rollouts.trajectories, gen.rewards.rewards)
+            stats = LMTrainStats(
+                step=step,
+                version=metrics.version,
+                prev_weights_key=previous.ref.key,
+                prev_weights_hash=previous.ref.content_hash,
+                rewards_key=gen.rewards_ref.key,
+                rewards_hash=gen.rewards_ref.content_hash,
+                metrics={k: float(v) for k, v in metrics.model_dump().items()},
+            )
+            return {**files, STATS: canonical_json(stats)}
+
+        key = cache_key(
+            "weights",
+            CODE_VERSIONS["weights"],
+            grpo=exp.grpo,
+            policy=exp.policy,
+            world_size=exp.world_size,
+            prev=previous.ref.content_hash,
+            rewards=gen.rewards_ref.content_hash,
+        )
+        files, ref, hit = store.get_or_put_files("weights", key, train)
+        stats = LMTrainStats.model_validate_json(files[STATS])
+        weights = Weights(step_key(step), ref, _checkpoint(files), stats.version)
+
+        rewards = gen.rewards.rewards
+        tokens = {r.trial_id: len(r.completion_token_ids) for r in gen.rollouts.trajectories}
+        result = StepResult(
+            step=step,
+            n_trials=len(rewards),
+            n_trials_planned=gen.rollouts.n_trials_planned,
+            mean_reward=mean([r.reward for r in rewards]),
+            success_rate=mean([float(r.correct) for r in rewards]),
+            weights_version=weights.version,
+            cache={**gen.cache, "weights": "hit" if hit else "miss"},
+            refs={"rollouts": gen.rollouts_ref, "rewards": gen.rewards_ref, "weights": ref},
+            behavior_policy=gen.rollouts.behavior_policy,
+            skipped_trials=gen.rewards.skipped,
+            trials_executed=gen.trials,
+            judge_calls=gen.judge_calls,
+            metrics={
+                **{k: stats.metrics[k] for k in ("loss", "ratio", "kl", "clip_frac", "grad_norm", "samples_used", "groups_with_signal")},
+                "policy_lag": float(previous.version - int(gen.rollouts.behavior_policy["version"])),
+                "mean_completion_tokens": mean([float(tokens[r.trial_id]) for r in rewards]),
+            },
+            timings={"generate_s": gen.seconds, "train_s": time.monotonic() - t0},
+            checks=step_checks(exp, adapter_finite(weights.payload), rewards, gen.rollouts.n_trials_planned),
+        )
+        return result, weights
+
+    def _evaluate(
+        self, exp: Exp, step: int, weights: Weights[Checkpoint], base: Weights[Checkpoint], prompts: PromptSet, store: ArtifactStore
+    ) -> StepAsset:
+        t0 = time.monotonic()
+        scored, ref, hit = self._evaluation(exp, weights, prompts, store)
+        base_scored, _, _ = self._evaluation(exp, base, prompts, store)
+        return StepAsset(
+            asset="evaluation",
+            step=step,
+            cache="hit" if hit else "miss",
+            ref=ref,
+            metadata={
+                "accuracy": scored.accuracy,
+                "base_accuracy": base_scored.accuracy,
+                "mean_reward": scored.mean_reward,
+                "n_prompts": scored.n,
+                "weights_version": weights.version,
+                "eval_s": time.monotonic() - t0,
+            },
+        )
+
+    def _evaluation(self, exp: Exp, weights: Weights[Checkpoint], prompts: PromptSet, store: ArtifactStore) -> tuple[Evaluation, ArtifactRef, bool]:
+        key = cache_key(
+            "evaluation",
+            CODE_VERSIONS["evaluation"],
+            weights=weights.ref.content_hash,
+            policy=exp.policy,
+            prompts=[p.id for p in prompts.eval],
+            rubric=exp.rubric,
+            max_new_tokens=exp.eval_max_new_tokens,
+        )
+
+        def compute() -> Evaluation:
+            counters.bump("evaluations")
+            policy = load_policy(exp.policy, weights.payload)
+            return evaluate(policy, prompts, exp.rubric, exp.eval_max_new_tokens, weights_hash=weights.ref.content_hash)
+
+        return store.get_or_put("evaluations", key, Evaluation, compute)

@@ -7,7 +7,7 @@ reward = accuracy * [extracted answer == reference] + format * [the completion e
 import re
 
 
-from dagster_rl.lm.rollout_hf import LMRollout
+from dagster_rl.lm.records import LMRollout
 from dagster_rl.lm.settings import LMRubric
 from dagster_rl.lm.tasks import extract_answer
 from dagster_rl.records import Record

@@ -1,4 +1,4 @@
-"""Rollouts of a step on `transformers`: plan the trials, generate, record, evaluate greedily.
+"""Rollouts of a step on `transformers`: generate, record, and greedy completions for evaluation.
 
 A rollout records what the trainer needs and nothing it must recompute: the prompt and completion
 token ids, the behavior log-probability of every completion token (see `logprobs`), the adapter
@@ -12,48 +12,12 @@ from collections.abc import Sequence
 
 import torch
 
-from dagster_rl.hashing import seed_of
 from dagster_rl.lm.logprobs import completion_logprobs
 from dagster_rl.lm.policy import Policy
 from dagster_rl.lm.sampling import generate
 from dagster_rl.lm.settings import SamplingSettings
+from dagster_rl.lm.records import LMRollout, RolloutRequest
 from dagster_rl.lm.tasks import PromptItem, render
-from dagster_rl.records import Record
-
-
-class RolloutRequest(Record):
-    trial_id: str  # s{step}-p{prompt}-n{sample}
-    step: int
-    prompt: int  # index of the prompt in its step: the GRPO group
-    sample: int
-    item: PromptItem
-    seed: int
-
-
-class LMRollout(Record):
-    trial_id: str
-    step: int
-    prompt: int
-    sample: int
-    prompt_id: str
-    reference: str
-    seed: int
-    prompt_token_ids: list[int]
-    completion_token_ids: list[int]
-    completion_text: str
-    sampling_logprobs: list[float]  # log softmax(logits / temperature) at each token, before top-p
-    finish_reason: str
-    temperature: float
-    top_p: float
-    behavior_version: int
-
-
-def plan_requests(prompts: Sequence[PromptItem], seed: int, step: int, n_samples: int) -> list[RolloutRequest]:
-    return [
-        RolloutRequest(trial_id=f"s{step}-p{p}-n{s}", step=step, prompt=p, sample=s, item=item, seed=seed_of(seed, step, p, s))
-        for p, item in enumerate(prompts)
-        for s in range(n_samples)
-    ]
 
 
 def generate_rollouts(

@@ -23,7 +23,7 @@ from dagster_rl.lm.grpo_loss import grpo_sample_loss
 from dagster_rl.lm.logprobs import completion_logprobs
 from dagster_rl.lm.policy import Policy
 from dagster_rl.lm.rewards import LMReward
-from dagster_rl.lm.rollout_hf import LMRollout
+from dagster_rl.lm.records import LMRollout
 from dagster_rl.lm.settings import GRPOLMSettings
 from dagster_rl.records import Record
 

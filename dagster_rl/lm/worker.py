@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from dagster_rl.experiment import Strict
 from dagster_rl.lm.policy import checkpoint_bytes, checkpoint_hash, load_checkpoint, load_policy, make_optimizer, save_checkpoint
 from dagster_rl.lm.rewards import LMReward
-from dagster_rl.lm.rollout_hf import LMRollout
+from dagster_rl.lm.records import LMRollout
 from dagster_rl.lm.settings import GRPOLMSettings, PolicySettings
 from dagster_rl.lm.trainer import TrainMetrics, build_samples, shard, train_step
 from dagster_rl.records import Record

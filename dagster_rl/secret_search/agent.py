@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dagster_rl.records import TrialSpec, Trajectory
+from dagster_rl.secret_search.records import TrialSpec, Trajectory
 from dagster_rl.secret_search.prior import sample_order
 from dagster_rl.secret_search.world import DIGEST_PREFIX, NOTE_PREFIX, doc_name
 

@@ -1,7 +1,7 @@
 """Verifier plus rubric: reward = verified + score."""
 
-from dagster_rl.experiment import Rubric
-from dagster_rl.records import Reward, Trajectory
+from dagster_rl.secret_search.experiment import Rubric, SecretSearchExperiment
+from dagster_rl.secret_search.records import Reward, Trajectory
 from dagster_rl.secret_search.world import secret_digest
 
 
@@ -32,3 +32,8 @@ def judge(traj: Trajectory, rubric: Rubric, max_turns: int) -> Reward:
         score=score,
         reward=float(verified) + score,
     )
+
+
+def score(exp: SecretSearchExperiment, traj: Trajectory) -> Reward:
+    """The task's in-process judge: the verifier and the experiment's rubric."""
+    return judge(traj, exp.rubric, exp.task.max_turns)

@@ -1,34 +1,36 @@
-"""The language-model environments: batched HF generation, and the GRPO trainer in-process or on torchrun.
+"""The language-model task's backends: batched `transformers` generation (rollout `hf`), and the
+GRPO update in this process (trainer `in_process`) or under `torchrun` (trainer `torchrun`).
 
-Both run the code the pods run: the trainer writes a job folder and runs `dagster_rl.lm.worker`
-either in this process or under `torchrun` through a `runner` (Dagster Pipes from the driver, or a
-plain subprocess).
+Both trainers run the code the pods run: they write a job folder and run `dagster_rl.lm.worker`
+either in this process or under `torchrun`, started by a `launch` (Dagster Pipes from the driver,
+or a plain subprocess).
 """
 
 import os
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dagster_rl import counters
-from dagster_rl.environments import Limits
 from dagster_rl.faults import maybe_fail
 from dagster_rl.lm.experiment import LMExperiment
 from dagster_rl.lm.policy import Policy, checkpoint_hash, load_checkpoint, load_policy, save_checkpoint
 from dagster_rl.lm.rewards import LMReward
-from dagster_rl.lm.rollout_hf import LMRollout, RolloutRequest, generate_rollouts
+from dagster_rl.lm.records import LMRollout, RolloutRequest
+from dagster_rl.lm.rollout_hf import generate_rollouts
 from dagster_rl.lm.trainer import TrainMetrics
 from dagster_rl.lm.worker import CHECKPOINT_DIR, METRICS, TrainBatch, TrainJob, launch_torchrun, run_job, write_job
-from dagster_rl.retries import with_retries
+from dagster_rl.retries import Limits, with_retries
+from dagster_rl.task import Launch
 
 REPO = Path(__file__).resolve().parents[2]
-Runner = Callable[[list[str], dict[str, str]], None]
 
 
-def subprocess_runner(command: list[str], env: dict[str, str]) -> None:
+def subprocess_launch(command: list[str], env: dict[str, str]) -> None:
+    """Run the command in a plain subprocess (the launch of a loop without Dagster)."""
     proc = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"trainer command {' '.join(command)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
@@ -70,10 +72,13 @@ class HFRollouts:
 
 @dataclass(frozen=True)
 class LMTrainer:
-    """One GRPO update through the worker entrypoint: in this process, or `torchrun` via `runner`."""
+    """One GRPO update through the worker entrypoint: in this process when `launch` is None, else
+    `nproc_per_node` torchrun workers on this machine, started by `launch`."""
 
     limits: Limits = Limits(max_retries=0, timeout_s=3600.0, max_concurrency=1)
-    runner: Runner = subprocess_runner
+    launch: Launch | None = None
+    nproc_per_node: int = 1
+    threads_per_process: int = 1
     workdir: Path | None = None
 
     def train(
@@ -96,13 +101,13 @@ class LMTrainer:
             output_dir=str(tmp / "output"),
         )
         job_path = write_job(job, tmp / "job.json")
-        if exp.trainer.backend == "in_process":
+        if self.launch is None:
             run_job(job)
         else:
             env = {
-                "OMP_NUM_THREADS": str(exp.trainer.threads_per_process),
+                "OMP_NUM_THREADS": str(self.threads_per_process),
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
             }
-            self.runner(launch_torchrun(job_path, exp.trainer.nproc_per_node), env)
+            self.launch(launch_torchrun(job_path, self.nproc_per_node), env)
         out = tmp / "output"
         return load_checkpoint(out / CHECKPOINT_DIR), TrainMetrics.model_validate_json((out / METRICS).read_text())

@@ -1,0 +1,51 @@
+"""The settings of a secret_search experiment: its worlds, rubric and tabular GRPO update."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from dagster_rl.experiment import Experiment, Strict
+
+
+class SecretSearchTask(Strict):
+    """The agentic sandbox world: find the document holding the digest of the world's secret."""
+
+    kind: Literal["secret_search"] = "secret_search"
+    n_worlds: int = Field(3, ge=1, le=1000)
+    n_docs: int = Field(8, ge=2, le=1000)
+    max_turns: int = Field(4, ge=1)
+    scratch_rate: float = Field(0.3, ge=0.0, le=1.0, description="chance an agent leaves a scratch file")
+
+
+class Rubric(Strict):
+    """How the judge scores a trajectory on top of the verifier: reward = verified + score."""
+
+    name: str = "default"
+    correctness: float = Field(1.0, ge=0.0)
+    efficiency: float = Field(0.5, ge=0.0)
+    tidiness: float = Field(0.2, ge=0.0)
+
+    @property
+    def weight_total(self) -> float:
+        """The most the rubric's score can add to the verifier's 1."""
+        return self.correctness + self.efficiency + self.tidiness
+
+    @property
+    def max_reward(self) -> float:
+        return 1.0 + self.weight_total
+
+
+class GRPOSettings(Strict):
+    learning_rate: float = Field(1.0, gt=0.0)
+    advantage_eps: float = Field(1e-4, gt=0.0)
+
+
+class SecretSearchExperiment(Experiment):
+    """The agentic loop: sandboxed episodes, verifier + rubric judge, tabular document priors."""
+
+    task: SecretSearchTask
+    rubric: Rubric = Rubric()
+    grpo: GRPOSettings = GRPOSettings()
+
+    def backends(self) -> dict[str, str]:
+        return {"rollout": "sandbox", "trainer": "in_process"}
