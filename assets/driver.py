@@ -26,7 +26,7 @@ from dagster import (
     multi_asset,
 )
 
-from assets.lineage import starting_weights
+from assets.predecessor import starting_weights
 from dagster_rl.checks import CHECK_NAMES
 from dagster_rl.errors import CheckFailedError, DagsterRLError, SimulatedCrash
 from dagster_rl.experiment import Experiment, step_key

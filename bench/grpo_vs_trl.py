@@ -121,7 +121,7 @@ def run_ours(args, model_dir: Path) -> dict:
 
     from dagster_rl.lm import in_memory, rollout_hf, trainer
     from dagster_rl.lm.policy import make_optimizer
-    from dagster_rl.lm.tasks import SyntheticPrompts, load_prompt_set
+    from dagster_rl.lm.prompts import SyntheticPrompts, load_prompt_set
 
     sampling, grpo, rubric = settings(args)
     policy = lm_common.make_policy(model_dir, LORA)
@@ -152,7 +152,7 @@ def run_trl(args, model_dir: Path) -> dict:
 
     from dagster_rl.lm.policy import lora_config
     from dagster_rl.lm.rewards import score_text
-    from dagster_rl.lm.tasks import SyntheticPrompts, load_prompt_set, prompts_for_step, render
+    from dagster_rl.lm.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step, render
 
     sampling, grpo, rubric = settings(args)
     prompt_set = load_prompt_set(SyntheticPrompts(ops=OPS))

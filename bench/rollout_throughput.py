@@ -33,7 +33,7 @@ from dagster_rl.lm.records import plan_requests
 from dagster_rl.lm.rollout_hf import generate_rollouts
 from dagster_rl.lm.sampling import generate
 from dagster_rl.lm.settings import SamplingSettings
-from dagster_rl.lm.tasks import SyntheticPrompts, load_prompt_set, prompts_for_step, render
+from dagster_rl.lm.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step, render
 
 TARGET = 0.9
 

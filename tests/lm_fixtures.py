@@ -15,7 +15,7 @@ from dagster_rl.lm.rewards import LMRubric, score  # noqa: E402
 from dagster_rl.lm.records import plan_requests  # noqa: E402
 from dagster_rl.lm.rollout_hf import generate_rollouts  # noqa: E402
 from dagster_rl.lm.settings import GRPOLMSettings, LoRASettings, PolicySettings, SamplingSettings  # noqa: E402
-from dagster_rl.lm.tasks import SyntheticPrompts, load_prompt_set, prompts_for_step  # noqa: E402
+from dagster_rl.lm.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step  # noqa: E402
 from dagster_rl.lm.tiny import save_tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ from dagster_rl.lm.evaluation import evaluate
 from dagster_rl.lm.in_memory import inprocess_step
 from dagster_rl.lm.policy import make_optimizer
 from dagster_rl.lm.settings import GRPOLMSettings, SamplingSettings
-from dagster_rl.lm.tasks import SyntheticPrompts, load_prompt_set
+from dagster_rl.lm.prompts import SyntheticPrompts, load_prompt_set
 from tests.lm_fixtures import RUBRIC, fresh_policy, tiny_dir  # noqa: F401
 
 STEPS = 8

@@ -7,7 +7,7 @@ from dagster_rl.lm.policy import make_optimizer
 from dagster_rl.lm.records import plan_requests
 from dagster_rl.lm.rollout_hf import generate_rollouts
 from dagster_rl.lm.sampling import choose_token, choose_tokens, uniforms
-from dagster_rl.lm.tasks import SyntheticPrompts, load_prompt_set, prompts_for_step
+from dagster_rl.lm.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step
 from dagster_rl.lm.trainer import build_samples, train_step
 from tests.lm_fixtures import GRPO, SAMPLING, fresh_policy, step_batch, tiny_dir  # noqa: F401
 

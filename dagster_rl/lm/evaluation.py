@@ -3,7 +3,7 @@
 from dagster_rl.lm.policy import Policy
 from dagster_rl.lm.rewards import LMRubric, score_text
 from dagster_rl.lm.rollout_hf import greedy_completions
-from dagster_rl.lm.tasks import PromptSet
+from dagster_rl.lm.prompts import PromptSet
 from dagster_rl.records import Record
 
 

@@ -6,7 +6,7 @@ from pydantic import Field
 
 from dagster_rl.experiment import Experiment, Strict
 from dagster_rl.lm.settings import GRPOLMSettings, LMRubric, PolicySettings, SamplingSettings
-from dagster_rl.lm.tasks import PromptSource, SyntheticPrompts
+from dagster_rl.lm.prompts import PromptSource, SyntheticPrompts
 
 
 class VerifiablePromptsTask(Strict):

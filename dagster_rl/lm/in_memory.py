@@ -6,7 +6,7 @@ from dagster_rl.lm.rewards import LMReward, LMRubric, score
 from dagster_rl.lm.records import LMRollout, plan_requests
 from dagster_rl.lm.rollout_hf import generate_rollouts
 from dagster_rl.lm.settings import GRPOLMSettings, SamplingSettings
-from dagster_rl.lm.tasks import PromptSet, prompts_for_step
+from dagster_rl.lm.prompts import PromptSet, prompts_for_step
 from dagster_rl.lm.trainer import TrainMetrics, build_samples, train_step
 
 

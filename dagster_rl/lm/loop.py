@@ -23,10 +23,10 @@ from dagster_rl.lm.experiment import LMExperiment as Exp
 from dagster_rl.lm.policy import ADAPTER, checkpoint_bytes, load_policy, read_state
 from dagster_rl.lm.rewards import LMReward
 from dagster_rl.lm.records import LMRollout, plan_requests
-from dagster_rl.lm.tasks import PromptSet, load_prompt_set, prompts_for_step
+from dagster_rl.lm.prompts import PromptSet, load_prompt_set, prompts_for_step
 from dagster_rl.records import STATS, Rewards, Rollouts, TrainedFrom
 from dagster_rl.retries import AttemptsExhausted
-from dagster_rl.steps import by_trial, judge_all, mean, rewards_key
+from dagster_rl.steps import judge_all, mean, rewards_key, rollouts_key, step_rewards
 from dagster_rl.store import ArtifactRef, ArtifactStore
 from dagster_rl.task import Backends, StepAsset, StepResult, Warn, Weights
 
@@ -149,24 +149,12 @@ class LMLoop:
 
         rollouts, rollouts_ref, rollouts_hit = store.get_or_put("rollouts", self._rollouts_key(exp, step, behavior), Rollouts[LMRollout], generate)
 
-        def judge() -> Rewards[LMReward]:
-            if judged:
-                rewards, skipped = judged["rewards"], judged["skipped"]
-            else:
-                rewards, judge_skipped = judge_all(exp, rollouts.trajectories, backends.judge, warn)
-                skipped = list(rollouts.skipped) + judge_skipped
-                require_enough_trials(exp, step, len(rewards), rollouts.n_trials_planned, skipped)
-            return Rewards[LMReward](
-                step=step,
-                rollouts_key=rollouts_ref.key,
-                rollouts_hash=rollouts_ref.content_hash,
-                rubric=exp.rubric.model_dump(),
-                rewards=by_trial(rewards),
-                skipped=sorted(skipped),
-            )
-
-        rewards_key_ = rewards_key(CODE_VERSIONS["rewards"], backends.judge, rubric=exp.rubric, rollouts=rollouts_ref.content_hash)
-        rewards, rewards_ref, rewards_hit = store.get_or_put("rewards", rewards_key_, Rewards[LMReward], judge)
+        rewards, rewards_ref, rewards_hit = store.get_or_put(
+            "rewards",
+            rewards_key(CODE_VERSIONS["rewards"], backends.judge, rubric=exp.rubric, rollouts=rollouts_ref.content_hash),
+            Rewards[LMReward],
+            lambda: step_rewards(exp, rollouts, rollouts_ref, judged, backends.judge, warn, Rewards[LMReward]),
+        )
         return Generated(
             rollouts,
             rollouts_ref,
@@ -179,18 +167,7 @@ class LMLoop:
         )
 
     def _rollouts_key(self, exp: Exp, step: int, behavior: Weights[Checkpoint]) -> str:
-        return cache_key(
-            "rollouts",
-            CODE_VERSIONS["rollouts"],
-            task=exp.task,
-            policy=exp.policy,
-            sampling=exp.sampling,
-            seed=exp.seed,
-            step=step,
-            prompts_per_step=exp.prompts_per_step,
-            n_samples=exp.n_samples,
-            behavior=behavior.ref.content_hash,
-        )
+        return rollouts_key(CODE_VERSIONS["rollouts"], exp, step, behavior.ref.content_hash, policy=exp.policy, sampling=exp.sampling)
 
     def _train(
         self, exp: Exp, step: int, previous: Weights[Checkpoint], gen: Generated, store: ArtifactStore, backends: Backends

@@ -3,7 +3,7 @@
 from collections.abc import Sequence
 
 from dagster_rl.hashing import seed_of
-from dagster_rl.lm.tasks import PromptItem
+from dagster_rl.lm.prompts import PromptItem
 from dagster_rl.records import Record
 
 

@@ -9,7 +9,7 @@ import re
 
 from dagster_rl.lm.records import LMRollout
 from dagster_rl.lm.settings import LMRubric
-from dagster_rl.lm.tasks import extract_answer
+from dagster_rl.lm.prompts import extract_answer
 from dagster_rl.records import Record
 
 ENDS_WITH_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?[\s.]*$")

@@ -17,7 +17,7 @@ from dagster_rl.lm.policy import Policy
 from dagster_rl.lm.sampling import generate
 from dagster_rl.lm.settings import SamplingSettings
 from dagster_rl.lm.records import LMRollout, RolloutRequest
-from dagster_rl.lm.tasks import PromptItem, render
+from dagster_rl.lm.prompts import PromptItem, render
 
 
 def generate_rollouts(

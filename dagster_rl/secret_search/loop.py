@@ -23,7 +23,7 @@ from dagster_rl.secret_search.prior import uniform
 from dagster_rl.secret_search.records import Reward, TabularTrainStats, TabularWeights, Trajectory, TrialSpec
 from dagster_rl.secret_search.update import prior_finite
 from dagster_rl.secret_search.world import WORLD_CODE_VERSION, build_world, world_ids
-from dagster_rl.steps import by_trial, collect_rewards, judge_all, mean, rewards_key
+from dagster_rl.steps import by_trial, collect_rewards, mean, rewards_key, rollouts_key, step_rewards
 from dagster_rl.store import DATA, ArtifactRef, ArtifactStore
 from dagster_rl.task import Backends, JudgeBackend, StepResult, Warn, Weights
 
@@ -96,27 +96,15 @@ def run_step(
         "rollouts", _rollouts_key(exp, step, start, worlds), Rollouts[Trajectory], generate
     )
 
-    def judge() -> Rewards[Reward]:
-        if judged:
-            rewards, skipped = judged["rewards"], judged["skipped"]
-        else:
-            t = time.monotonic()
-            rewards, judge_skipped = judge_all(exp, rollouts.trajectories, backends.judge, warn)
-            skipped = sorted(set(rollouts.skipped) | set(judge_skipped))
-            timings["judge_s"] = time.monotonic() - t
-            require_enough_trials(exp, step, len(rewards), len(specs), skipped)
-        return Rewards[Reward](
-            step=step,
-            rollouts_key=rollouts_ref.key,
-            rollouts_hash=rollouts_ref.content_hash,
-            rubric=exp.rubric.model_dump(),
-            rewards=by_trial(rewards),
-            skipped=sorted(skipped),
-        )
-
+    t = time.monotonic()
     rewards, rewards_ref, rewards_hit = store.get_or_put(
-        "rewards", _rewards_key(exp, rollouts_ref.content_hash, backends.judge), Rewards[Reward], judge
+        "rewards",
+        _rewards_key(exp, rollouts_ref.content_hash, backends.judge),
+        Rewards[Reward],
+        lambda: step_rewards(exp, rollouts, rollouts_ref, judged, backends.judge, warn, Rewards[Reward]),
     )
+    if rollouts_hit and not rewards_hit:  # judged now, not while generating
+        timings["judge_s"] = time.monotonic() - t
 
     def train() -> dict[str, bytes]:
         if exp.faults.step_delay_s:  # fault injection: a step slow enough to be killed in the middle
@@ -203,17 +191,8 @@ def _fan_out(
 
 
 def _rollouts_key(exp: Exp, step: int, behavior: Weights, worlds: Worlds) -> str:
-    return cache_key(
-        "rollouts",
-        CODE_VERSIONS["rollouts"],
-        task=exp.task,
-        seed=exp.seed,
-        step=step,
-        prompts_per_step=exp.prompts_per_step,
-        n_samples=exp.n_samples,
-        behavior=behavior.ref.content_hash,
-        worlds={w: ref.content_hash for w, (ref, _) in worlds.items()},
-    )
+    worlds_hashes = {w: ref.content_hash for w, (ref, _) in worlds.items()}
+    return rollouts_key(CODE_VERSIONS["rollouts"], exp, step, behavior.ref.content_hash, worlds=worlds_hashes)
 
 
 def _rewards_key(exp: Exp, rollouts_hash: str, judge: JudgeBackend) -> str:

@@ -47,6 +47,9 @@ class SyntheticPrompts(Strict):
     n_eval: int = Field(2, ge=0)
     template: str = "{question}"
 
+    def items(self) -> list["PromptItem"]:
+        return synthetic_items(self.ops)
+
 
 class GSM8KPrompts(Strict):
     """A JSONL file of {"question": ..., "answer": "... #### <number>"} lines."""
@@ -56,11 +59,14 @@ class GSM8KPrompts(Strict):
     n_eval: int = Field(100, ge=0)
     template: str = "Question: {question}\nAnswer:"
 
+    def items(self) -> list["PromptItem"]:
+        return load_gsm8k_jsonl(self.path)
+
 
 PromptSource = Annotated[SyntheticPrompts | GSM8KPrompts, Field(discriminator="kind")]
 
 
-class TaskError(DagsterRLError):
+class PromptError(DagsterRLError):
     """A prompt file or prompt setting is invalid."""
 
 
@@ -81,11 +87,11 @@ def extract_answer(completion: str) -> str | None:
 def extract_reference(answer: str) -> str:
     """The number after the last '####' of a GSM8K reference answer."""
     if GSM8K_MARK not in answer:
-        raise TaskError(f"reference answer has no '{GSM8K_MARK} <number>' line: {answer[-80:]!r}")
+        raise PromptError(f"reference answer has no '{GSM8K_MARK} <number>' line: {answer[-80:]!r}")
     tail = answer.rsplit(GSM8K_MARK, 1)[1]
     found = NUMBER.findall(tail)
     if not found:
-        raise TaskError(f"no number after '{GSM8K_MARK}' in reference answer: {tail.strip()[:80]!r}")
+        raise PromptError(f"no number after '{GSM8K_MARK}' in reference answer: {tail.strip()[:80]!r}")
     return normalize_number(found[0])
 
 
@@ -100,16 +106,16 @@ def load_gsm8k_jsonl(path: Path | str) -> list[PromptItem]:
             row = json.loads(line)
             question, answer = row["question"], row["answer"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise TaskError(
+            raise PromptError(
                 f"{path}:{n}: expected a JSON object with 'question' and 'answer' fields ({type(e).__name__}: {e})"
             ) from None
         try:
             reference = extract_reference(answer)
-        except TaskError as e:
-            raise TaskError(f"{path}:{n}: {e}") from None
+        except PromptError as e:
+            raise PromptError(f"{path}:{n}: {e}") from None
         items.append(PromptItem(id=f"gsm8k-{sha256_hex(question.encode())[:16]}", question=question, reference=reference))
     if not items:
-        raise TaskError(f"{path}: no prompts in the file")
+        raise PromptError(f"{path}: no prompts in the file")
     return items
 
 
@@ -133,28 +139,27 @@ def synthetic_items(ops: Sequence[str] = SYNTHETIC_OPS) -> list[PromptItem]:
                 for c in range(10)
             ]
         else:
-            raise TaskError(f"unknown synthetic op {op!r}; choose from {', '.join(SYNTHETIC_OPS)}")
+            raise PromptError(f"unknown synthetic op {op!r}; choose from {', '.join(SYNTHETIC_OPS)}")
     return items
 
 
 def split_heldout(items: Sequence[PromptItem], n_eval: int) -> tuple[list[PromptItem], list[PromptItem]]:
     """(train, eval): eval is the n_eval items of lowest hash(id); both keep the input order."""
     if n_eval >= len(items):
-        raise TaskError(f"n_eval={n_eval} leaves no training prompts out of {len(items)}; lower n_eval")
+        raise PromptError(f"n_eval={n_eval} leaves no training prompts out of {len(items)}; lower n_eval")
     held = {it.id for it in sorted(items, key=lambda it: sha256_hex(f"heldout:{it.id}".encode()))[:n_eval]}
     return [it for it in items if it.id not in held], [it for it in items if it.id in held]
 
 
 def load_prompt_set(source: SyntheticPrompts | GSM8KPrompts) -> PromptSet:
-    items = synthetic_items(source.ops) if source.kind == "synthetic" else load_gsm8k_jsonl(source.path)
-    train, held = split_heldout(items, source.n_eval)
+    train, held = split_heldout(source.items(), source.n_eval)
     return PromptSet(train=train, eval=held, template=source.template)
 
 
 def prompts_for_step(train: Sequence[PromptItem], seed: int, step: int, n: int) -> list[PromptItem]:
     """The n training prompts of a step: distinct items drawn from (seed, step) alone."""
     if n > len(train):
-        raise TaskError(f"{n} prompts per step asked of a training split of {len(train)}; lower prompts_per_step")
+        raise PromptError(f"{n} prompts per step asked of a training split of {len(train)}; lower prompts_per_step")
     return random.Random(seed_of(seed, "prompts", step)).sample(list(train), n)
 
 

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from dagster_rl.lm.rewards import LMRubric, score_text
-from dagster_rl.lm.tasks import (
+from dagster_rl.lm.prompts import (
     GSM8KPrompts,
     SyntheticPrompts,
-    TaskError,
+    PromptError,
     extract_answer,
     extract_reference,
     load_gsm8k_jsonl,
@@ -24,7 +24,7 @@ def test_answer_extraction():
     assert extract_answer("so 3 + 4 = 7, and then 1,250 apples.") == "1250"
     assert extract_answer("the answer is 42.0") == "42"
     assert extract_answer("no digits here") is None
-    with pytest.raises(TaskError, match="####"):
+    with pytest.raises(PromptError, match="####"):
         extract_reference("no marker 12")
 
 
@@ -41,7 +41,7 @@ def test_gsm8k_loader_and_heldout_split(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in reversed(rows)) + "\n")
     assert {it.id for it in load_prompt_set(GSM8KPrompts(path=str(path), n_eval=5)).eval} == {it.id for it in ps.eval}
     path.write_text('{"question": "q"}\n')
-    with pytest.raises(TaskError, match=r"train.jsonl:1: .*'question' and 'answer'"):
+    with pytest.raises(PromptError, match=r"train.jsonl:1: .*'question' and 'answer'"):
         load_gsm8k_jsonl(path)
 
 
