@@ -20,6 +20,13 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class TrialFailed(Record):
+    """A trial that still failed after its retries: skipped by its step, never stored as a result."""
+
+    trial_id: str
+    error: str  # what its last attempt raised
+
+
 class Rollouts(Record, Generic[T]):
     step: int
     behavior_policy: dict[str, str | int]  # weights partition, key, content hash, version

@@ -112,3 +112,26 @@ def test_torchrun_trainer_through_pipes_matches_the_in_process_trainer(lab, on_p
         assert ours[name] == pytest.approx(single[name], rel=1e-6, abs=1e-9), name
     # the world size is an input of the weights' key: the two runs never share a weights artifact
     assert two.latest("ddp", "weights", "0000")["artifact_key"] != on_policy.latest("tiny_grpo", "weights", "0000")["artifact_key"]
+
+
+def test_flaky_trials_are_retried_one_by_one_and_end_as_a_clean_run(lab, on_policy):
+    flaky = lab("flaky", tiny(faults={"flaky_trial_rate": 0.3}))
+    before = counters.snapshot()
+    assert flaky.run("tiny_grpo", "0000", "0001").success
+    executed = counters.read("trials_executed") - before.get("trials_executed", 0)
+    assert 2 * 64 * 1.15 < executed < 2 * 64 * 1.5, executed  # about 30% of the trials ran twice, not whole steps
+    for step in ("0000", "0001"):
+        md = flaky.latest("tiny_grpo", "weights", step)
+        assert md["n_trials"] == 64 and md["skipped_trials"] == 0
+        assert md["content_hash"] == on_policy.latest("tiny_grpo", "weights", step)["content_hash"], step
+
+
+def test_a_trial_that_fails_after_its_retries_is_skipped_not_the_step(lab):
+    from resources import RolloutEnvironment
+
+    settings = tiny(faults={"flaky_trial_rate": 0.3}, min_trials_per_step=8, checks={"min_usable_fraction": 0.2})
+    flaky = lab("skips", settings, rollout=RolloutEnvironment(max_retries=0))
+    assert flaky.run("tiny_grpo", "0000", "0000").success
+    md = flaky.latest("tiny_grpo", "weights", "0000")
+    assert 32 < md["n_trials"] < 64 and md["skipped_trials"] == 64 - md["n_trials"], md
+    assert md["n_trials_planned"] == 64 and md["samples_used"] == md["n_trials"]

@@ -10,12 +10,13 @@ import os
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dagster_rl import counters
-from dagster_rl.faults import maybe_fail
+from dagster_rl.faults import InjectedFault, maybe_fail
 from dagster_rl.lm.experiment import LMExperiment
 from dagster_rl.lm.policy import Policy, checkpoint_hash, load_checkpoint, load_policy, save_checkpoint
 from dagster_rl.lm.rewards import LMReward
@@ -23,6 +24,7 @@ from dagster_rl.lm.records import LMRollout, RolloutRequest
 from dagster_rl.lm.rollout_hf import generate_rollouts
 from dagster_rl.lm.trainer import TrainMetrics
 from dagster_rl.lm.worker import CHECKPOINT_DIR, METRICS, TrainBatch, TrainJob, launch_torchrun, run_job, write_job
+from dagster_rl.records import TrialFailed
 from dagster_rl.retries import Limits, with_retries
 from dagster_rl.task import Launch
 
@@ -59,15 +61,40 @@ class HFRollouts:
     limits: Limits = Limits()
     policies: PolicyCache = field(default_factory=PolicyCache)
 
-    def generate(self, exp: LMExperiment, requests: Sequence[RolloutRequest], behavior: dict[str, bytes], template: str) -> list[LMRollout]:
+    def generate(
+        self, exp: LMExperiment, requests: Sequence[RolloutRequest], behavior: dict[str, bytes], template: str
+    ) -> list[LMRollout | TrialFailed]:
+        """One outcome per request: its rollout, or how it failed after its retries. Each attempt
+        generates the trials still pending, in batches; a trial's tokens do not depend on its batch,
+        so a trial that finished is never generated again."""
         policy = self.policies.get(exp, behavior)
-
-        def attempt(n: int) -> list[LMRollout]:
-            counters.bump("trials_executed", len(requests))
-            maybe_fail(exp.faults.flaky_trial_rate, n, exp.seed, "generate", requests[0].trial_id if requests else "")
-            return generate_rollouts(policy, requests, exp.sampling, template)
-
-        return with_retries(f"generating {len(requests)} rollouts", attempt, self.limits.max_retries, self.limits.timeout_s)
+        done: dict[str, LMRollout] = {}
+        errors: dict[str, BaseException] = {}
+        pending = list(requests)
+        for attempt in range(self.limits.max_retries + 1):
+            if not pending:
+                break
+            counters.bump("trials_executed", len(pending))
+            healthy = []
+            for r in pending:
+                try:
+                    maybe_fail(exp.faults.flaky_trial_rate, attempt, exp.seed, "trial", r.trial_id)
+                    healthy.append(r)
+                except InjectedFault as e:
+                    errors[r.trial_id] = e
+            start = time.monotonic()
+            try:
+                generated = generate_rollouts(policy, healthy, exp.sampling, template)
+            except Exception as e:  # noqa: BLE001 - the attempt of these trials failed: retry them
+                errors.update(dict.fromkeys((r.trial_id for r in healthy), e))
+            else:
+                if time.monotonic() - start > self.limits.timeout_s:
+                    late = TimeoutError(f"generating {len(healthy)} rollouts took longer than {self.limits.timeout_s} s")
+                    errors.update(dict.fromkeys((r.trial_id for r in healthy), late))
+                else:
+                    done.update((g.trial_id, g) for g in generated)
+            pending = [r for r in pending if r.trial_id not in done]
+        return [done.get(r.trial_id) or TrialFailed(trial_id=r.trial_id, error=repr(errors[r.trial_id])) for r in requests]
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,8 @@ from dagster_rl.lm.policy import ADAPTER, checkpoint_bytes, load_policy, read_st
 from dagster_rl.lm.rewards import LMReward
 from dagster_rl.lm.records import LMRollout, plan_requests
 from dagster_rl.lm.prompts import PromptSet, load_prompt_set, prompts_for_step
-from dagster_rl.records import STATS, Rewards, Rollouts, TrainedFrom
-from dagster_rl.retries import AttemptsExhausted
-from dagster_rl.steps import judge_all, mean, rewards_key, rollouts_key, step_rewards
+from dagster_rl.records import STATS, Rewards, Rollouts, TrainedFrom, TrialFailed
+from dagster_rl.steps import by_trial, judge_all, mean, rewards_key, rollouts_key, step_rewards
 from dagster_rl.store import ArtifactRef, ArtifactStore
 from dagster_rl.task import Backends, StepAsset, StepResult, Warn, Weights
 
@@ -134,12 +133,12 @@ class LMLoop:
         judged: dict[str, list] = {}  # rewards judged right after generating, when the rollouts are new
 
         def generate() -> Rollouts[LMRollout]:
-            skipped: list[str] = []
-            try:
-                trajectories = backends.rollout.generate(exp, requests, behavior.payload, prompts.template)
-            except AttemptsExhausted as e:
-                warn(f"generation of step {step_key(step)} failed after its retries: {e}")
-                trajectories, skipped = [], [r.trial_id for r in requests]
+            outcomes = backends.rollout.generate(exp, requests, behavior.payload, prompts.template)
+            trajectories = by_trial(o for o in outcomes if isinstance(o, LMRollout))
+            failed = [o for o in outcomes if isinstance(o, TrialFailed)]
+            for f in failed:
+                warn(f"trial {f.trial_id} failed after its retries, skipped: {f.error}")
+            skipped = sorted(f.trial_id for f in failed)
             rewards, judge_skipped = judge_all(exp, trajectories, backends.judge, warn)
             judged.update(rewards=rewards, skipped=skipped + judge_skipped)
             require_enough_trials(exp, step, len(rewards), len(requests), judged["skipped"])  # before anything is stored
