@@ -5,7 +5,7 @@ from pathlib import Path
 
 from dagster import AssetSelection, Definitions, EnvVar, define_asset_job
 
-from assets.driver import build_driver
+from assets.driver import build_driver, build_warmup
 from dagster_rl.experiment import Experiment
 from dagster_rl.experiment_files import load_experiments
 from resources import ArtifactStoreResource, JudgeEnvironment, PipesTorchrunLauncher, RolloutEnvironment, TrainerEnvironment
@@ -49,17 +49,20 @@ def build_definitions(experiments: dict[str, Experiment], resources: dict | None
     """The asset groups and train jobs of `experiments`, with the default resources overridden by
     `resources` (the judge journals into the `artifact_store` given there)."""
     drivers = {name: build_driver(exp) for name, exp in experiments.items()}
+    warmups = {name: w for name, exp in experiments.items() if (w := build_warmup(exp)) is not None}
     jobs = [
         define_asset_job(
             f"{name}_train",
-            selection=AssetSelection.assets(driver),
+            # with a warm-up (`<exp>/sft`), a range's run materializes it first (a cache hit once it exists)
+            selection=AssetSelection.assets(driver, *([warmups[name]] if name in warmups else [])),
             description=f"Train experiment {name}: pick a range of steps; one run walks it in order.",
         )
         for name, driver in drivers.items()
     ]
     resources = dict(resources or {})
     store = resources.get("artifact_store") or ArtifactStoreResource()
-    return Definitions(assets=list(drivers.values()), jobs=jobs, resources={**default_resources(store), **resources})
+    assets = [*warmups.values(), *drivers.values()]
+    return Definitions(assets=assets, jobs=jobs, resources={**default_resources(store), **resources})
 
 
 defs = build_definitions(load_experiments(Path(os.environ.get("DAGSTER_RL_EXPERIMENTS", DEFAULT_EXPERIMENTS))))

@@ -6,6 +6,14 @@ For each step it calls the rollout, judge and trainer environments through the t
 model's `<exp>/evaluation`, once they are done), so the UI fills in step by step. A backfill of a range is one
 run (`BackfillPolicy.single_run()`). A subset selection materializes only the selected assets; every
 step still computes (or reuses) all of its artifacts.
+
+A task's warm-up (`Task.warmup`, a language model's `<exp>/sft`) is an unpartitioned asset upstream
+of the chain, with a single-run backfill policy too: measured with dagster 1.13.27, a
+`dagster asset materialize --select group:<exp> --partition-range ...` and a `dagster job launch`
+of `<exp>_train` with the range tags are then one run that materializes it first and the range
+after it, and a UI backfill of the group is two runs, the warm-up's then the range's. A range that
+starts at step 0 without it (a backfill of the chain alone) computes it through the artifact cache
+and records its materialization itself.
 """
 
 import warnings
@@ -20,9 +28,11 @@ from dagster import (
     AssetMaterialization,
     AssetSpec,
     BackfillPolicy,
+    MaterializeResult,
     MetadataValue,
     StaticPartitionsDefinition,
     PreviewWarning,
+    asset,
     multi_asset,
 )
 
@@ -30,7 +40,7 @@ from assets.predecessor import starting_weights
 from dagster_rl.checks import CHECK_NAMES
 from dagster_rl.errors import CheckFailedError, DagsterRLError, SimulatedCrash
 from dagster_rl.experiment import Experiment, step_key
-from dagster_rl.task import Backends, StepAsset, StepResult, task_of
+from dagster_rl.task import Backends, StepAsset, StepResult, WarmupResult, task_of
 from resources import ArtifactStoreResource, JudgeEnvironment, RolloutEnvironment, TrainerEnvironment
 
 CHAIN = ("rollouts", "rewards", "weights")
@@ -51,8 +61,14 @@ def step_partitions(exp: Experiment) -> StaticPartitionsDefinition:
     return StaticPartitionsDefinition(exp.step_keys)
 
 
+def warmup_key(exp: Experiment) -> AssetKey | None:
+    """The key of the experiment's warm-up asset (`<exp>/sft`), or None when it has none."""
+    spec = task_of(exp.kind).warmup_of(exp)
+    return AssetKey([exp.name, spec.name]) if spec is not None else None
+
+
 def chain_specs(exp: Experiment) -> list[AssetSpec]:
-    specs, dep = [], None
+    specs, dep = [], warmup_key(exp)
     for name, description in step_assets(exp).items():
         specs.append(
             AssetSpec(
@@ -131,6 +147,38 @@ def step_metadata(exp: Experiment, result: StepResult, run_info: dict, asset: st
     return shared
 
 
+def warmup_metadata(exp: Experiment, result: WarmupResult) -> dict[str, MetadataValue]:
+    values = {
+        **result.metadata,
+        "cache": result.cache,
+        "artifact_key": result.ref.key,
+        "content_hash": result.ref.content_hash,
+        "training_hash": exp.training_hash(),
+    }
+    return {**{k: _metadata_value(v) for k, v in values.items()}, "artifact_uri": MetadataValue.path(result.ref.uri)}
+
+
+def build_warmup(exp: Experiment):
+    """The experiment's warm-up asset (`<exp>/sft`), or None when it has none."""
+    spec = task_of(exp.kind).warmup_of(exp)
+    if spec is None:
+        return None
+
+    @asset(
+        key=warmup_key(exp),
+        group_name=exp.name,
+        backfill_policy=BackfillPolicy.single_run(),  # lets a --partition-range of the group include it
+        description=spec.description,
+        metadata={"experiment": exp.name, "fork_of": exp.fork_of or ""},
+    )
+    def warmup(context: AssetExecutionContext, artifact_store: ArtifactStoreResource) -> MaterializeResult:
+        result = spec.run(exp, artifact_store.get_store())
+        context.log.info(f"{exp.name}/{spec.name}: cache {result.cache}, " + ", ".join(f"{k}={v}" for k, v in result.metadata.items()))
+        return MaterializeResult(metadata=warmup_metadata(exp, result))
+
+    return warmup
+
+
 def build_driver(exp: Experiment):
     @multi_asset(
         name=f"{exp.name}_driver",
@@ -175,6 +223,8 @@ def _drive(
         raise DagsterRLError(f"a run drives a contiguous range of steps; got {[step_key(s) for s in steps]}")
     store = artifact_store.get_store()
     info = _run_info(context, store)
+    if steps[0] == 0:
+        yield from _ensure_warmup(context, exp, store)
     loop = task_of(exp.kind).loop()
     start = starting_weights(context.instance, exp, steps[0], store, loop)
     backends = Backends(rollout.backend_for(exp), judge.backend_for(exp), trainer.backend_for(exp, context))
@@ -203,6 +253,21 @@ def _drive(
             )
         if step == exp.faults.crash_driver_at_step and result.cache["weights"] == "miss" and info["attempt"] == 0:
             raise SimulatedCrash(f"driver crash after step {step_key(step)} on attempt 0 (faults.crash_driver_at_step)")
+
+
+def _ensure_warmup(context: AssetExecutionContext, exp: Experiment, store):
+    """Step 0 starts from the warm-up: compute it (or find it in the store), and record its
+    materialization when the instance has none of these contents (the warm-up asset was not run)."""
+    spec = task_of(exp.kind).warmup_of(exp)
+    if spec is None:
+        return
+    key = warmup_key(exp)
+    result = spec.run(exp, store)
+    latest = context.instance.get_latest_materialization_event(key)
+    recorded = latest.asset_materialization.metadata.get("content_hash") if latest and latest.asset_materialization else None
+    if recorded is None or recorded.value != result.ref.content_hash:
+        context.log.info(f"{key.to_user_string()} was not materialized with these contents; the driver records it (cache {result.cache})")
+        yield AssetMaterialization(asset_key=key, metadata={**warmup_metadata(exp, result), "recorded_by": MetadataValue.text("driver")})
 
 
 def _step_asset_materialization(exp: Experiment, result: StepAsset, info: dict) -> AssetMaterialization:

@@ -20,6 +20,10 @@ A task provides, in its own package:
    `backends()` picks one of each.
 5. `step_assets`: per-step assets beyond rollouts -> rewards -> weights (the language models'
    `evaluation`).
+6. `warmup`: optionally, an asset computed once per experiment before step 0 (the language models'
+   supervised warm-up, `<exp>/sft`): unpartitioned, upstream of the step chain in the asset graph,
+   and step 0's weights are its weights. The loop's `initial_weights` returns them (computing them
+   through the artifact cache when the asset has not run); the Dagster layer builds the asset.
 
 Words, one per idea:
     experiment   one YAML file's settings, validated by the task's `Experiment` subclass
@@ -92,6 +96,14 @@ class StepAsset(BaseModel):
     cache: str  # hit | miss
     ref: ArtifactRef
     metadata: dict[str, float | int | str]  # floats draw as plots
+
+
+class WarmupResult(BaseModel):
+    """What an experiment's warm-up asset (see `Task.warmup`) materializes: its artifact and numbers."""
+
+    cache: str  # hit | miss
+    ref: ArtifactRef
+    metadata: dict[str, float | int | str]
 
 
 class TaskLoop(Protocol[E, P]):
@@ -170,6 +182,22 @@ class StepAssetSpec:
 
 
 @dataclass(frozen=True)
+class WarmupSpec:
+    """An unpartitioned asset `<exp>/<name>` computed once per experiment before step 0 (a supervised
+    warm-up): the step chain depends on it, and step 0 starts from its weights.
+
+    `applies(exp)`: whether the experiment has one (a task may make it optional). `run(exp, store)`:
+    compute it, or find it in the artifact store (the same content key the loop's `initial_weights`
+    uses, so the asset and the steps agree), and say what it holds.
+    """
+
+    name: str
+    description: str
+    applies: Callable[[Any], bool]
+    run: Callable[[Any, ArtifactStore], WarmupResult]
+
+
+@dataclass(frozen=True)
 class Task(Generic[E]):
     kind: str
     experiment: type[E]
@@ -179,6 +207,11 @@ class Task(Generic[E]):
     trainer: Mapping[str, Callable[[E, TrainerEnv], Backend]]
     grading: LLMGrading | None = None
     step_assets: tuple[StepAssetSpec, ...] = field(default=())
+    warmup: WarmupSpec | None = None
+
+    def warmup_of(self, exp: E) -> WarmupSpec | None:
+        """The warm-up asset this experiment has, if any."""
+        return self.warmup if self.warmup is not None and self.warmup.applies(exp) else None
 
     def backend(self, tier: Literal["rollout", "trainer"], exp: E, env: RolloutEnv | TrainerEnv) -> Backend:
         """The backend of `tier` that the experiment names (`exp.backends()`), built for `env`."""

@@ -11,6 +11,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DAGSTER_RL_MODEL_CACHE", str(Path(tempfile.gettempdir()) / "dagster-rl-test-models"))
+os.environ.setdefault("DAGSTER_RL_DATA_CACHE", str(Path(tempfile.gettempdir()) / "dagster-rl-test-data"))
 
 
 def demo_settings(**overrides) -> dict:

@@ -73,8 +73,9 @@ def open_lab(home: Path, experiments_dir: Path, **resources) -> Lab:
 
 
 def failure_message(result) -> str:
-    """The failed driver's error and every cause, joined: what the run's page shows."""
-    error = result.failure_data_for_node(result.job_def.nodes[0].name).error
+    """The failed step's error (the driver's, or the warm-up's) and every cause, joined: what the run's page shows."""
+    failed = [f for node in result.job_def.nodes if (f := result.failure_data_for_node(node.name)) is not None]
+    error = failed[0].error if failed else None
     parts = []
     while error is not None:
         parts.append(error.message)

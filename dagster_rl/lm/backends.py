@@ -109,21 +109,29 @@ class LMTrainer:
     workdir: Path | None = None
 
     def train(
-        self, exp: LMExperiment, previous: dict[str, bytes], rollouts: list[LMRollout], rewards: list[LMReward]
+        self,
+        exp: LMExperiment,
+        previous: dict[str, bytes],
+        rollouts: list[LMRollout],
+        rewards: list[LMReward],
+        reference: dict[str, bytes] | None = None,
     ) -> tuple[dict[str, bytes], TrainMetrics]:
+        """One update from `previous`; `reference`: the KL term's reference adapter (None: the base)."""
+
         def attempt(n: int) -> tuple[dict[str, bytes], TrainMetrics]:
             counters.bump("train_calls")
             with tempfile.TemporaryDirectory(prefix="dagster-rl-train-", dir=self.workdir) as tmp:
-                return self._run(exp, previous, rollouts, rewards, Path(tmp))
+                return self._run(exp, previous, rollouts, rewards, reference, Path(tmp))
 
         return with_retries("training", attempt, self.limits.max_retries, self.limits.timeout_s)
 
-    def _run(self, exp, previous, rollouts, rewards, tmp: Path) -> tuple[dict[str, bytes], TrainMetrics]:
+    def _run(self, exp, previous, rollouts, rewards, reference, tmp: Path) -> tuple[dict[str, bytes], TrainMetrics]:
         (tmp / "batch.json").write_text(TrainBatch(rollouts=rollouts, rewards=rewards).model_dump_json())
         job = TrainJob(
             policy=exp.policy,
             grpo=exp.grpo,
             input_checkpoint=str(save_checkpoint(tmp / "input", previous)),
+            reference_checkpoint=str(save_checkpoint(tmp / "reference", reference)) if reference is not None else None,
             batch=str(tmp / "batch.json"),
             output_dir=str(tmp / "output"),
         )

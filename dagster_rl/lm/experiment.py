@@ -2,10 +2,10 @@
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dagster_rl.experiment import Experiment, Strict
-from dagster_rl.lm.settings import GRPOLMSettings, LMRubric, PolicySettings, SamplingSettings
+from dagster_rl.lm.settings import GRPOLMSettings, LMRubric, PolicySettings, SamplingSettings, WarmupSettings
 from dagster_rl.lm.prompts import PromptSource, SyntheticPrompts
 
 
@@ -31,12 +31,19 @@ class LMExperiment(Experiment):
     rubric: LMRubric = LMRubric()
     grpo: GRPOLMSettings = GRPOLMSettings()
     trainer: LMTrainerSettings = LMTrainerSettings()
+    warmup: WarmupSettings | None = Field(None, description="supervised warm-up of the adapter before step 0 (`<exp>/sft`)")
     max_policy_lag: Literal[0, 1] = Field(
         0, description="1: generate step k+1 with the weights of step k-1 while step k trains (the clipped ratio corrects)"
     )
     generation_threads: int = Field(1, ge=1, description="torch threads of generation in the driver process")
 
     NOT_TRAINING = Experiment.NOT_TRAINING | {"generation_threads", "trainer"}
+
+    @model_validator(mode="after")
+    def _reference_exists(self) -> "LMExperiment":
+        if self.grpo.kl_reference == "sft" and self.warmup is None:
+            raise ValueError("grpo.kl_reference: sft needs a supervised warm-up: add a `warmup` section, or use kl_reference: base")
+        return self
 
     def training_inputs(self) -> dict:
         # the trainer's backend and threads do not change the numbers; its world size does (all-reduce order)

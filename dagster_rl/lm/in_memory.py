@@ -4,6 +4,7 @@ TRL benchmark run. The loop (`lm.loop`) calls the same pieces one by one to stor
 from dagster_rl.lm.policy import Policy
 from dagster_rl.lm.rewards import LMReward, LMRubric, score
 from dagster_rl.lm.records import LMRollout, plan_requests
+from dagster_rl.lm.reference import Reference
 from dagster_rl.lm.rollout_hf import generate_rollouts
 from dagster_rl.lm.settings import GRPOLMSettings, SamplingSettings
 from dagster_rl.lm.prompts import PromptSet, prompts_for_step
@@ -21,9 +22,10 @@ def inprocess_step(
     sampling: SamplingSettings,
     rubric: LMRubric,
     grpo: GRPOLMSettings,
+    reference: Reference | None = None,
 ) -> tuple[list[LMRollout], list[LMReward], TrainMetrics]:
     items = prompts_for_step(prompt_set.train, seed, step, prompts_per_step)
     rollouts = generate_rollouts(policy, plan_requests(items, seed, step, n_samples), sampling, prompt_set.template)
     rewards = [score(r, rubric) for r in rollouts]
     samples, facts = build_samples(rollouts, rewards, grpo.advantage_eps)
-    return rollouts, rewards, train_step(policy, optimizer, samples, len(samples), grpo, facts)
+    return rollouts, rewards, train_step(policy, optimizer, samples, len(samples), grpo, facts, reference=reference)

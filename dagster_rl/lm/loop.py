@@ -4,11 +4,16 @@ With `max_policy_lag: 1` generation of step k+1 (with the weights of step k-1) r
 while step k trains; the loss's clipped importance ratio against the recorded sampling
 log-probabilities corrects for the stale behavior policy. Held-out evaluation of step k runs in
 another thread and is awaited after step k+1 trains.
+
+With a `warmup` section, step 0 starts from the supervised warm-up's adapter (`lm.warmup`, the
+`<exp>/sft` asset), stored under a key of everything it depends on; with `grpo.kl_reference: sft`
+the KL term's reference is that adapter, else the original base.
 """
 
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -20,17 +25,19 @@ from dagster_rl.experiment import step_key
 from dagster_rl.hashing import cache_key, canonical_json
 from dagster_rl.lm.evaluation import Evaluation, evaluate
 from dagster_rl.lm.experiment import LMExperiment as Exp
-from dagster_rl.lm.policy import ADAPTER, checkpoint_bytes, load_policy, read_state
+from dagster_rl.lm.policy import ADAPTER, CHECKPOINT_FILES, checkpoint_bytes, load_policy, read_state
 from dagster_rl.lm.rewards import LMReward
 from dagster_rl.lm.records import LMRollout, plan_requests
 from dagster_rl.lm.prompts import PromptSet, load_prompt_set, prompts_for_step
 from dagster_rl.records import STATS, Rewards, Rollouts, TrainedFrom, TrialFailed
 from dagster_rl.steps import by_trial, judge_all, mean, rewards_key, rollouts_key, step_rewards
 from dagster_rl.store import ArtifactRef, ArtifactStore
-from dagster_rl.task import Backends, StepAsset, StepResult, Warn, Weights
+from dagster_rl.lm.warmup import WARMUP, WarmupStats, warm_up
+from dagster_rl.task import Backends, StepAsset, StepResult, Warn, WarmupResult, Weights
 
 CODE_VERSIONS = {
     "initial": "lora-init-1",
+    "warmup": "sft-lora-1",
     "rollouts": "hf-rollouts-1",
     "rewards": "lm-rubric-1",
     "weights": "grpo-lora-1",
@@ -58,8 +65,20 @@ class Generated:
     seconds: float
 
 
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block with `n` torch threads (the process's setting is restored after)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _checkpoint(files: dict[str, bytes]) -> Checkpoint:
-    return {k: v for k, v in files.items() if k != STATS}
+    """The files a policy loads (not the records stored beside them)."""
+    return {k: v for k, v in files.items() if k in CHECKPOINT_FILES}
 
 
 def adapter_finite(checkpoint: Checkpoint) -> CheckOutcome:
@@ -72,21 +91,73 @@ def adapter_finite(checkpoint: Checkpoint) -> CheckOutcome:
 
 class LMLoop:
     def initial_weights(self, exp: Exp, store: ArtifactStore) -> Weights[Checkpoint]:
+        """Step 0's weights: the warm-up's adapter when the experiment has one, else the base's."""
+        return self.base_weights(exp, store) if exp.warmup is None else self.warmup_weights(exp, store)
+
+    def base_weights(self, exp: Exp, store: ArtifactStore) -> Weights[Checkpoint]:
         """A fresh adapter (LoRA B = 0: the base model), the same in every run."""
         key = cache_key("weights", CODE_VERSIONS["initial"], policy=exp.policy)
         files, ref, _ = store.get_or_put_files("weights", key, lambda: checkpoint_bytes(load_policy(exp.policy), None))
         return Weights("initial", ref, files, read_state(files)["version"])
+
+    def warmup_weights(self, exp: Exp, store: ArtifactStore) -> Weights[Checkpoint]:
+        files, ref, _ = self._warmup(exp, store)
+        return Weights("sft", ref, _checkpoint(files), read_state(files)["version"])
+
+    def _warmup(self, exp: Exp, store: ArtifactStore) -> tuple[dict[str, bytes], ArtifactRef, bool]:
+        """The supervised warm-up's adapter (and its `WarmupStats`), computed once per content key."""
+        if exp.warmup is None:
+            raise ValueError(f"experiment {exp.name} has no warmup section")
+        key = cache_key(
+            "weights", CODE_VERSIONS["warmup"], policy=exp.policy, warmup=exp.warmup, source=exp.task.source, seed=exp.seed
+        )
+
+        def compute() -> dict[str, bytes]:
+            counters.bump("warmups")
+            prompts = load_prompt_set(exp.task.source)
+            with torch_threads(exp.trainer.threads_per_process):  # a training job, sized like the trainer's
+                files, stats = warm_up(load_policy(exp.policy), prompts.train, prompts.template, exp.warmup, exp.seed)
+            return {**files, WARMUP: canonical_json(stats)}
+
+        return store.get_or_put_files("weights", key, compute)
+
+    def warmup(self, exp: Exp, store: ArtifactStore) -> WarmupResult:
+        """The `<exp>/sft` asset: the warm-up (computed, or found in the store) and its held-out
+        greedy accuracy beside the base's."""
+        t0 = time.monotonic()
+        files, ref, hit = self._warmup(exp, store)
+        stats = WarmupStats.model_validate_json(files[WARMUP])
+        prompts = load_prompt_set(exp.task.source)
+        sft, _, _ = self._evaluation(exp, self.warmup_weights(exp, store), prompts, store)
+        base, _, _ = self._evaluation(exp, self.base_weights(exp, store), prompts, store)
+        return WarmupResult(
+            cache="hit" if hit else "miss",
+            ref=ref,
+            metadata={
+                "accuracy": sft.accuracy,
+                "mean_reward": sft.mean_reward,
+                "base_accuracy": base.accuracy,
+                "n_prompts": sft.n,
+                "demos": len(stats.demos),
+                "sft_steps": len(stats.losses),
+                "first_loss": stats.losses[0],
+                "final_loss": stats.losses[-1],
+                "answer_tokens": stats.tokens,
+                "warmup_s": time.monotonic() - t0,
+            },
+        )
 
     def load_weights(self, exp: Exp, store: ArtifactStore, partition: str, key: str) -> Weights[Checkpoint]:
         files = _checkpoint(store.get_all("weights", key))
         return Weights(partition, store.ref("weights", key), files, read_state(files)["version"])
 
     def _trained_from(self, exp: Exp, store: ArtifactStore, weights: Weights[Checkpoint], step: int) -> Weights[Checkpoint]:
-        """The weights `weights` were trained from (the behavior policy of a lagged step)."""
-        if weights.partition == "initial":
-            return weights
+        """The weights that step `step + 1`'s weights (`weights`) were trained from: the behavior
+        policy of a lagged step. Step -1's are the initial weights."""
+        if step < 0:
+            return self.initial_weights(exp, store)
         stats = LMTrainStats.model_validate_json(store.get("weights", weights.ref.key, STATS))
-        return self.load_weights(exp, store, step_key(step) if step >= 0 else "initial", stats.prev_weights_key)
+        return self.load_weights(exp, store, step_key(step), stats.prev_weights_key)
 
     def iter_steps(
         self, exp: Exp, steps: Sequence[int], start: Weights[Checkpoint], store: ArtifactStore, backends: Backends, warn: Warn
@@ -96,7 +167,9 @@ class LMLoop:
         weights = {first - 1: start}  # step -> the weights it produced; -1: initial
         if lag and first - 2 >= -1:
             weights[first - 2] = self._trained_from(exp, store, start, first - 2)
-        base = self.initial_weights(exp, store)
+        base = self.base_weights(exp, store)
+        initial = self.initial_weights(exp, store)
+        reference = initial if exp.grpo.kl_reference == "sft" else None
 
         def behavior(k: int) -> Weights[Checkpoint]:
             return weights[max(k - 1 - lag, -1)]
@@ -104,26 +177,22 @@ class LMLoop:
         def generate(k: int):
             return gen_pool.submit(self._generate, exp, k, behavior(k), prompts, store, backends, warn)
 
-        threads = torch.get_num_threads()
-        torch.set_num_threads(exp.generation_threads)
-        try:
-            with ThreadPoolExecutor(1, "generate") as gen_pool, ThreadPoolExecutor(1, "evaluate") as eval_pool:
-                generating, evaluating = generate(first), []
-                for k in steps:
-                    gen = generating.result()
-                    if lag and k < last:  # step k+1 generates with the weights of step k-1 while step k trains
-                        generating = generate(k + 1)
-                    result, weights[k] = self._train(exp, k, weights[k - 1], gen, store, backends)
-                    if not lag and k < last:
-                        generating = generate(k + 1)
-                    yield result
-                    while evaluating:  # evaluation of step k-1 is awaited after step k trains
-                        yield evaluating.pop(0).result()
-                    evaluating.append(eval_pool.submit(self._evaluate, exp, k, weights[k], base, prompts, store))
-                for pending in evaluating:
-                    yield pending.result()
-        finally:
-            torch.set_num_threads(threads)
+        pools = ThreadPoolExecutor(1, "generate"), ThreadPoolExecutor(1, "evaluate")
+        with torch_threads(exp.generation_threads), pools[0] as gen_pool, pools[1] as eval_pool:
+            generating, evaluating = generate(first), []
+            for k in steps:
+                gen = generating.result()
+                if lag and k < last:  # step k+1 generates with the weights of step k-1 while step k trains
+                    generating = generate(k + 1)
+                result, weights[k] = self._train(exp, k, weights[k - 1], gen, store, backends, reference)
+                if not lag and k < last:
+                    generating = generate(k + 1)
+                yield result
+                while evaluating:  # evaluation of step k-1 is awaited after step k trains
+                    yield evaluating.pop(0).result()
+                evaluating.append(eval_pool.submit(self._evaluate, exp, k, weights[k], base, initial, prompts, store))
+            for pending in evaluating:
+                yield pending.result()
 
     def _generate(
         self, exp: Exp, step: int, behavior: Weights[Checkpoint], prompts: PromptSet, store: ArtifactStore, backends: Backends, warn: Warn
@@ -169,12 +238,22 @@ class LMLoop:
         return rollouts_key(CODE_VERSIONS["rollouts"], exp, step, behavior.ref.content_hash, policy=exp.policy, sampling=exp.sampling)
 
     def _train(
-        self, exp: Exp, step: int, previous: Weights[Checkpoint], gen: Generated, store: ArtifactStore, backends: Backends
+        self,
+        exp: Exp,
+        step: int,
+        previous: Weights[Checkpoint],
+        gen: Generated,
+        store: ArtifactStore,
+        backends: Backends,
+        reference: Weights[Checkpoint] | None,
     ) -> tuple[StepResult, Weights[Checkpoint]]:
+        """Train step `step` from `previous`; `reference`: the KL term's reference adapter (None: the base)."""
         t0 = time.monotonic()
 
         def train() -> dict[str, bytes]:
-            files, metrics = backends.trainer.train(exp, previous.payload, gen.rollouts.trajectories, gen.rewards.rewards)
+            files, metrics = backends.trainer.train(
+                exp, previous.payload, gen.rollouts.trajectories, gen.rewards.rewards, reference=reference.payload if reference is not None else None
+            )
             stats = LMTrainStats(
                 step=step,
                 version=metrics.version,
@@ -194,6 +273,7 @@ class LMLoop:
             world_size=exp.world_size,
             prev=previous.ref.content_hash,
             rewards=gen.rewards_ref.content_hash,
+            **({"reference": reference.ref.content_hash} if reference is not None else {}),
         )
         files, ref, hit = store.get_or_put_files("weights", key, train)
         stats = LMTrainStats.model_validate_json(files[STATS])
@@ -225,11 +305,21 @@ class LMLoop:
         return result, weights
 
     def _evaluate(
-        self, exp: Exp, step: int, weights: Weights[Checkpoint], base: Weights[Checkpoint], prompts: PromptSet, store: ArtifactStore
+        self,
+        exp: Exp,
+        step: int,
+        weights: Weights[Checkpoint],
+        base: Weights[Checkpoint],
+        initial: Weights[Checkpoint],
+        prompts: PromptSet,
+        store: ArtifactStore,
     ) -> StepAsset:
+        """The step's held-out greedy accuracy, beside the base's and that of the weights step 0
+        started from (the warm-up's, when there is one; else the base's)."""
         t0 = time.monotonic()
         scored, ref, hit = self._evaluation(exp, weights, prompts, store)
         base_scored, _, _ = self._evaluation(exp, base, prompts, store)
+        start_scored, _, _ = self._evaluation(exp, initial, prompts, store)
         return StepAsset(
             asset="evaluation",
             step=step,
@@ -238,6 +328,7 @@ class LMLoop:
             metadata={
                 "accuracy": scored.accuracy,
                 "base_accuracy": base_scored.accuracy,
+                "start_accuracy": start_scored.accuracy,
                 "mean_reward": scored.mean_reward,
                 "n_prompts": scored.n,
                 "weights_version": weights.version,

@@ -17,10 +17,15 @@ from pydantic import Field
 from dagster_rl.errors import DagsterRLError
 from dagster_rl.experiment import Strict
 from dagster_rl.hashing import seed_of, sha256_hex
+from dagster_rl.lm.word_problems import resolve_dataset
 from dagster_rl.records import Record
 
-NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# a number: thousands separated by commas in groups of three, or plain digits; a decimal part; a
+# minus sign only where it cannot be a hyphen or an operator between two numbers ("5-3" is 5 and 3)
+NUMBER = re.compile(r"(?<![\w.-])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?<=[\w.-])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 GSM8K_MARK = "####"
+# GSM8K's final-answer mark: `#### <number>` (a currency sign may precede the number, a unit follow it)
+GSM8K_ANSWER = re.compile(r"####[ \t]*\$?[ \t]*(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)")
 SYNTHETIC_OPS = ("copy", "add", "last")
 
 
@@ -28,6 +33,7 @@ class PromptItem(Record):
     id: str
     question: str
     reference: str  # the verified answer, normalized by `normalize_number`
+    solution: str = ""  # a demonstration: the worked answer (GSM8K's `answer`), what a warm-up trains on
 
 
 class PromptSet(Record):
@@ -52,7 +58,8 @@ class SyntheticPrompts(Strict):
 
 
 class GSM8KPrompts(Strict):
-    """A JSONL file of {"question": ..., "answer": "... #### <number>"} lines."""
+    """A JSONL file of {"question": ..., "answer": "... #### <number>"} lines; `builtin:word-problems`
+    names the word problems written in code (`lm.word_problems`)."""
 
     kind: Literal["gsm8k"] = "gsm8k"
     path: str
@@ -60,7 +67,7 @@ class GSM8KPrompts(Strict):
     template: str = "Question: {question}\nAnswer:"
 
     def items(self) -> list["PromptItem"]:
-        return load_gsm8k_jsonl(self.path)
+        return load_gsm8k_jsonl(resolve_dataset(self.path))
 
 
 PromptSource = Annotated[SyntheticPrompts | GSM8KPrompts, Field(discriminator="kind")]
@@ -79,9 +86,18 @@ def normalize_number(text: str) -> str:
 
 
 def extract_answer(completion: str) -> str | None:
-    """The last number in a completion, commas stripped; None when there is none."""
+    """The number after the completion's last `#### <number>` mark; without one, its last number
+    (commas stripped, see `normalize_number`); None when there is no number at all."""
+    marked = GSM8K_ANSWER.findall(completion)
+    if marked:
+        return normalize_number(marked[-1])
     found = NUMBER.findall(completion)
     return normalize_number(found[-1]) if found else None
+
+
+def has_answer_mark(completion: str) -> bool:
+    """Whether the completion gives its final answer GSM8K's way, `#### <number>`."""
+    return GSM8K_ANSWER.search(completion) is not None
 
 
 def extract_reference(answer: str) -> str:
@@ -113,7 +129,9 @@ def load_gsm8k_jsonl(path: Path | str) -> list[PromptItem]:
             reference = extract_reference(answer)
         except PromptError as e:
             raise PromptError(f"{path}:{n}: {e}") from None
-        items.append(PromptItem(id=f"gsm8k-{sha256_hex(question.encode())[:16]}", question=question, reference=reference))
+        items.append(
+            PromptItem(id=f"gsm8k-{sha256_hex(question.encode())[:16]}", question=question, reference=reference, solution=answer)
+        )
     if not items:
         raise PromptError(f"{path}: no prompts in the file")
     return items
@@ -124,16 +142,16 @@ def synthetic_items(ops: Sequence[str] = SYNTHETIC_OPS) -> list[PromptItem]:
     items: list[PromptItem] = []
     for op in ops:
         if op == "copy":
-            items += [PromptItem(id=f"copy-{a}", question=f"copy {a} :", reference=str(a)) for a in range(10)]
+            items += [PromptItem(id=f"copy-{a}", question=f"copy {a} :", reference=str(a), solution=str(a)) for a in range(10)]
         elif op == "add":
             items += [
-                PromptItem(id=f"add-{a}-{b}", question=f"{a} + {b} =", reference=str(a + b))
+                PromptItem(id=f"add-{a}-{b}", question=f"{a} + {b} =", reference=str(a + b), solution=str(a + b))
                 for a in range(10)
                 for b in range(10 - a)
             ]
         elif op == "last":
             items += [
-                PromptItem(id=f"last-{a}{b}{c}", question=f"last {a} {b} {c} :", reference=str(c))
+                PromptItem(id=f"last-{a}{b}{c}", question=f"last {a} {b} {c} :", reference=str(c), solution=str(c))
                 for a in range(10)
                 for b in range(10)
                 for c in range(10)
@@ -165,3 +183,12 @@ def prompts_for_step(train: Sequence[PromptItem], seed: int, step: int, n: int) 
 
 def render(item: PromptItem, template: str) -> str:
     return template.format(question=item.question)
+
+
+def encode_prompt(tokenizer, item: PromptItem, template: str) -> list[int]:
+    """The prompt's token ids: the question as the user's turn of the tokenizer's chat template,
+    ready for the assistant's answer, when the tokenizer has a chat template; else `template`."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": item.question}], add_generation_prompt=True, tokenize=False)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(render(item, template))["input_ids"])

@@ -1,7 +1,9 @@
 """The verifier and rubric of the language-model path: accuracy plus an optional format term.
 
-reward = accuracy * [extracted answer == reference] + format * [the completion ends with its answer]
-(after the last number only whitespace or a period).
+reward = accuracy * [extracted answer == reference] + format * [the answer is given in form], where
+the form is the rubric's `format_rule`: `ends_with_number` (after the last number only whitespace or
+a period) or `gsm8k` (a `#### <number>` mark). The answer is extracted the GSM8K way (`#### <n>`,
+else the last number: `prompts.extract_answer`).
 """
 
 import re
@@ -9,7 +11,7 @@ import re
 
 from dagster_rl.lm.records import LMRollout
 from dagster_rl.lm.settings import LMRubric
-from dagster_rl.lm.prompts import extract_answer
+from dagster_rl.lm.prompts import extract_answer, has_answer_mark
 from dagster_rl.records import Record
 
 ENDS_WITH_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?[\s.]*$")
@@ -26,12 +28,19 @@ class LMReward(Record):
     reward: float
 
 
+def in_form(completion: str, rubric: LMRubric) -> bool:
+    """Whether the completion gives its answer in the form the rubric's `format_rule` asks for."""
+    if rubric.format_rule == "gsm8k":
+        return has_answer_mark(completion)
+    return ENDS_WITH_NUMBER.search(completion) is not None
+
+
 def score_text(completion: str, reference: str, rubric: LMRubric) -> tuple[str | None, dict[str, float]]:
     """(extracted answer, {component: weighted value})."""
     answer = extract_answer(completion)
     return answer, {
         "accuracy": rubric.accuracy * float(answer is not None and answer == reference),
-        "format": rubric.format * float(ENDS_WITH_NUMBER.search(completion) is not None),
+        "format": rubric.format * float(in_form(completion, rubric)),
     }
 
 

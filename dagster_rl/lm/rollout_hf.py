@@ -17,7 +17,7 @@ from dagster_rl.lm.policy import Policy
 from dagster_rl.lm.sampling import generate
 from dagster_rl.lm.settings import SamplingSettings
 from dagster_rl.lm.records import LMRollout, RolloutRequest
-from dagster_rl.lm.prompts import PromptItem, render
+from dagster_rl.lm.prompts import PromptItem, encode_prompt
 
 
 def generate_rollouts(
@@ -32,7 +32,7 @@ def generate_rollouts(
     logps: dict[tuple[tuple[int, ...], tuple[int, ...]], list[float]] = {}
     for start in range(0, len(requests), batch_size):
         batch = list(requests[start : start + batch_size])
-        prompt_ids = [tok(render(r.item, template))["input_ids"] for r in batch]
+        prompt_ids = [encode_prompt(tok, r.item, template) for r in batch]
         gens = generate(model, prompt_ids, [r.seed for r in batch], sampling, tok.eos_token_id, tok.pad_token_id)
         for r, ids, g in zip(batch, prompt_ids, gens):
             key = (tuple(ids), tuple(g.completion_ids))
@@ -68,7 +68,7 @@ def greedy_completions(policy: Policy, items: Sequence[PromptItem], template: st
     texts: list[str] = []
     for start in range(0, len(items), batch_size):
         batch = list(items[start : start + batch_size])
-        ids = [tok(render(it, template))["input_ids"] for it in batch]
+        ids = [encode_prompt(tok, it, template) for it in batch]
         gens = generate(policy.model.eval(), ids, [0] * len(batch), greedy, tok.eos_token_id, tok.pad_token_id)
         texts += [tok.decode(g.completion_ids, skip_special_tokens=True) for g in gens]
     return texts

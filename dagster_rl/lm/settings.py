@@ -1,4 +1,4 @@
-"""Settings of the language-model path: LoRA adapter, sampling, GRPO update."""
+"""Settings of the language-model path: LoRA adapter, sampling, GRPO update, supervised warm-up."""
 
 from typing import Literal
 
@@ -39,6 +39,9 @@ class SamplingSettings(Strict):
 class GRPOLMSettings(Strict):
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0)
     kl_beta: float = Field(0.04, ge=0.0)
+    kl_reference: Literal["base", "sft"] = Field(
+        "base", description="the KL term's reference: the original base model, or the supervised warm-up (`warmup`)"
+    )
     learning_rate: float = Field(1e-4, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
@@ -48,10 +51,27 @@ class GRPOLMSettings(Strict):
 
 
 class LMRubric(Strict):
+    """reward = accuracy * [the answer is right] + format * [the answer is given in the expected form].
+
+    The form (`format_rule`): `ends_with_number` (nothing but a period after the last number) or
+    `gsm8k` (a `#### <number>` mark, GSM8K's final-answer line)."""
+
     name: str = "accuracy"
     accuracy: float = Field(1.0, ge=0.0)
     format: float = Field(0.0, ge=0.0)
+    format_rule: Literal["ends_with_number", "gsm8k"] = "ends_with_number"
 
     @property
     def max_reward(self) -> float:
         return self.accuracy + self.format
+
+
+class WarmupSettings(Strict):
+    """Supervised fine-tuning of the adapter before step 0 (the `<exp>/sft` asset)."""
+
+    demos: int = Field(64, ge=1, description="worked answers drawn from the training split")
+    steps: int = Field(20, ge=1, description="optimizer steps")
+    batch_size: int = Field(16, ge=1, description="demonstrations per step")
+    learning_rate: float = Field(3e-3, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    max_grad_norm: float = Field(1.0, gt=0.0)

@@ -5,14 +5,22 @@ code location loads its experiments.
 """
 
 from dagster_rl.lm.experiment import LMExperiment
+from dagster_rl.lm.grading import LMGrading
 from dagster_rl.lm.rewards import score
-from dagster_rl.task import RolloutEnv, StepAssetSpec, Task, TrainerEnv, register
+from dagster_rl.store import ArtifactStore
+from dagster_rl.task import RolloutEnv, StepAssetSpec, Task, TrainerEnv, WarmupResult, WarmupSpec, register
 
 
 def _loop():
     from dagster_rl.lm.loop import LMLoop
 
     return LMLoop()
+
+
+def _warmup(exp: LMExperiment, store: ArtifactStore) -> WarmupResult:
+    from dagster_rl.lm.loop import LMLoop
+
+    return LMLoop().warmup(exp, store)
 
 
 def _hf(exp: LMExperiment, env: RolloutEnv):
@@ -46,6 +54,14 @@ TASK = register(
         score=lambda exp, rollout: score(rollout, exp.rubric),
         rollout={"hf": _hf},
         trainer={"in_process": _in_process, "torchrun": _torchrun},
+        grading=LMGrading(),
+        warmup=WarmupSpec(
+            "sft",
+            "Supervised warm-up: the adapter fitted to worked answers of training prompts, which step 0 starts from; "
+            "its held-out greedy accuracy beside the base's.",
+            applies=lambda exp: exp.warmup is not None,
+            run=_warmup,
+        ),
         step_assets=(
             StepAssetSpec(
                 "evaluation",

@@ -10,12 +10,20 @@ words of the synthetic task (68 tokens), trained in code on those words. (transf
 `qwen2` model folder with `Qwen2Tokenizer` whatever `tokenizer_config.json` names, so a WordLevel
 tokenizer would be silently replaced; a BPE that Qwen2Tokenizer rebuilds exactly is what survives.)
 Digits are always single tokens, and decoding gives back the text exactly ("12" stays "12").
+
+Built-in models, by name (`builtin:<name>`; what a name builds never changes, since machines cache
+the folder by name): `tiny-qwen2` (the 68-token vocabulary above, hidden 64, 2 layers, no chat
+template), and `tiny-qwen2-gsm8k` for the GSM8K-format word problems of `lm.word_problems`: every
+byte plus each word of their vocabulary as one token, ChatML special tokens and a chat template
+(`<|im_start|>user ... <|im_end|>`, eos `<|im_end|>`), hidden 128, 4 layers.
 """
 
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,6 +38,12 @@ WORDS = ("copy", "last", "what", "is", "the", "answer", "+", "-", "=", "?", ":",
 
 def tiny_tokenizer() -> Qwen2Tokenizer:
     """Byte-level BPE over the task's words, each word (and each word after a space) one token."""
+    vocab, merges = _bpe([*WORDS, *(f" {w}" for w in WORDS), *DIGITS, " "], [PAD, EOS], byte_alphabet=False)
+    return Qwen2Tokenizer(vocab=vocab, merges=merges, eos_token=EOS, pad_token=PAD, unk_token=None)
+
+
+def _bpe(corpus: list[str], special_tokens: list[str], byte_alphabet: bool) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """(vocab, merges) of a byte-level BPE trained on `corpus` until every string of it is one token."""
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -37,12 +51,34 @@ def tiny_tokenizer() -> Qwen2Tokenizer:
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
-    corpus = [*WORDS, *(f" {w}" for w in WORDS), *DIGITS, " "]
-    trainer = trainers.BpeTrainer(vocab_size=1000, min_frequency=1, special_tokens=[PAD, EOS], show_progress=False)
+    alphabet = pre_tokenizers.ByteLevel.alphabet() if byte_alphabet else []
+    trainer = trainers.BpeTrainer(
+        vocab_size=4000, min_frequency=1, special_tokens=special_tokens, initial_alphabet=alphabet, show_progress=False
+    )
     bpe.train_from_iterator(corpus, trainer=trainer)
     model = json.loads(bpe.to_str())["model"]
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
-    return Qwen2Tokenizer(vocab=model["vocab"], merges=merges, eos_token=EOS, pad_token=PAD, unk_token=None)
+    return model["vocab"], [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+
+
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def gsm8k_tokenizer() -> Qwen2Tokenizer:
+    """Every byte, plus each word of the word problems (bare and after a space) as one token, and a
+    ChatML chat template whose turns end with the eos token `<|im_end|>`."""
+    from dagster_rl.lm.word_problems import vocabulary
+
+    words = [*vocabulary(), "user", "assistant", "system"]
+    corpus = [*words, *(f" {w}" for w in words), *DIGITS, " ", "\n", ".\n", "?\n", " ?", " ."]
+    vocab, merges = _bpe(corpus, [PAD, IM_START, IM_END], byte_alphabet=True)
+    tok = Qwen2Tokenizer(vocab=vocab, merges=merges, eos_token=IM_END, pad_token=PAD, unk_token=None)
+    tok.add_special_tokens({"additional_special_tokens": [IM_START]})
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
 
 
 def tiny_config(vocab_size: int, pad_id: int, eos_id: int, hidden: int = 64, layers: int = 2) -> Qwen2Config:
@@ -62,27 +98,43 @@ def tiny_config(vocab_size: int, pad_id: int, eos_id: int, hidden: int = 64, lay
     )
 
 
-def tiny_model(seed: int = 0) -> PreTrainedModel:
+@dataclass(frozen=True)
+class Builtin:
+    """A model built in code: its tokenizer, its size, the seed of its random weights."""
+
+    tokenizer: Callable[[], Qwen2Tokenizer]
+    seed: int = 0
+    hidden: int = 64
+    layers: int = 2
+
+
+BUILTINS = {
+    "tiny-qwen2": Builtin(tiny_tokenizer),
+    "tiny-qwen2-gsm8k": Builtin(gsm8k_tokenizer, hidden=128, layers=4),
+}
+
+
+def tiny_model(seed: int = 0, builtin: str = "tiny-qwen2") -> PreTrainedModel:
     """Random weights drawn from `seed` alone; the global RNG is left as it was."""
-    tok = tiny_tokenizer()
-    config = tiny_config(len(tok), tok.pad_token_id, tok.eos_token_id)
+    spec = BUILTINS[builtin]
+    tok = spec.tokenizer()
+    config = tiny_config(len(tok), tok.pad_token_id, tok.eos_token_id, hidden=spec.hidden, layers=spec.layers)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model.eval()
 
 
-def save_tiny_model(directory: Path | str, seed: int = 0) -> Path:
-    """Write the tiny model and its tokenizer as a Hugging Face model folder; return the folder."""
+def save_tiny_model(directory: Path | str, seed: int = 0, builtin: str = "tiny-qwen2") -> Path:
+    """Write a built-in model and its tokenizer as a Hugging Face model folder; return the folder."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tiny_model(seed).save_pretrained(directory, safe_serialization=True)
-    tiny_tokenizer().save_pretrained(directory)
+    tiny_model(seed, builtin).save_pretrained(directory, safe_serialization=True)
+    BUILTINS[builtin].tokenizer().save_pretrained(directory)
     return directory
 
 
 BUILTIN_PREFIX = "builtin:"
-BUILTINS = {"tiny-qwen2": 0}  # name -> seed of its random weights
 
 
 def model_cache_dir() -> Path:
@@ -103,7 +155,7 @@ def resolve_model(name: str) -> str:
     folder = model_cache_dir() / builtin
     if not (folder / "config.json").exists():
         tmp = Path(tempfile.mkdtemp(prefix=f".{builtin}-", dir=folder.parent if folder.parent.exists() else None))
-        save_tiny_model(tmp, BUILTINS[builtin])
+        save_tiny_model(tmp, BUILTINS[builtin].seed, builtin)
         folder.parent.mkdir(parents=True, exist_ok=True)
         try:
             tmp.rename(folder)

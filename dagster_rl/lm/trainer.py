@@ -10,7 +10,7 @@ all-reduce. The collective count is the same on every rank by construction.
 """
 
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -94,11 +94,13 @@ def train_step(
     facts: dict[str, float],
     ddp: torch.nn.parallel.DistributedDataParallel | None = None,
     on_grads: Callable[[dict[str, torch.Tensor]], None] | None = None,
+    reference: Callable[[], AbstractContextManager] | None = None,
 ) -> TrainMetrics:
     """Update the policy's adapter in place over this rank's `samples`; bump its version.
 
     `on_grads` sees the synchronized gradients before clipping (the debug dump). With `ddp`, every
-    rank must call this once, with the same `total_samples`.
+    rank must call this once, with the same `total_samples`. `reference` switches the model to the
+    KL term's reference policy (`lm.reference`); default: the base, adapter disabled.
     """
     world_size = dist.get_world_size() if ddp is not None else 1
     if total_samples < 1:
@@ -113,9 +115,9 @@ def train_step(
         torch.manual_seed(seed_of("train-step", policy.version))  # LoRA dropout, if any: same on every replay
         model.train()
         optimizer.zero_grad(set_to_none=True)
-        # every reference forward under one disable_adapter(): entering and leaving it walks every
-        # module of the model, which costs more than a forward of the tiny model
-        with torch.no_grad(), model.disable_adapter():
+        # every reference forward under one switch: entering and leaving it walks every module of
+        # the model, which costs more than a forward of the tiny model
+        with torch.no_grad(), (reference or model.disable_adapter)():
             refs = [completion_logprobs(model, s.prompt_ids, s.completion_ids, s.temperature) for s in samples]
         with ddp.no_sync() if ddp is not None else nullcontext():
             for s, ref in zip(samples, refs):

@@ -24,6 +24,7 @@ from dagster_rl.experiment import Strict
 from dagster_rl.lm.policy import checkpoint_bytes, checkpoint_hash, load_checkpoint, load_policy, make_optimizer, save_checkpoint
 from dagster_rl.lm.rewards import LMReward
 from dagster_rl.lm.records import LMRollout
+from dagster_rl.lm.reference import reference_of
 from dagster_rl.lm.settings import GRPOLMSettings, PolicySettings
 from dagster_rl.lm.trainer import TrainMetrics, build_samples, shard, train_step
 from dagster_rl.records import Record
@@ -44,6 +45,7 @@ class TrainJob(Strict):
     policy: PolicySettings
     grpo: GRPOLMSettings = GRPOLMSettings()
     input_checkpoint: str | None = Field(None, description="checkpoint folder; none: a fresh adapter (version 0)")
+    reference_checkpoint: str | None = Field(None, description="the KL term's reference adapter (a checkpoint folder); none: the base")
     batch: str = Field(description="a TrainBatch JSON file")
     output_dir: str
     dump_grads: bool = Field(False, description="debug: rank 0 writes the synchronized gradients before clipping")
@@ -99,6 +101,7 @@ def run_job(job: TrainJob, report=None) -> TrainMetrics:
     try:
         checkpoint = load_checkpoint(job.input_checkpoint) if job.input_checkpoint else None
         policy = load_policy(job.policy, checkpoint)
+        reference = reference_of(policy, load_checkpoint(job.reference_checkpoint) if job.reference_checkpoint else None)
         policy.model.to(device)
         optimizer = make_optimizer(policy, job.grpo, checkpoint)
         batch = TrainBatch.model_validate_json(Path(job.batch).read_text())
@@ -117,6 +120,7 @@ def run_job(job: TrainJob, report=None) -> TrainMetrics:
             facts,
             ddp=ddp,
             on_grads=grads.update if job.dump_grads else None,
+            reference=reference,
         )
         if rank == 0:
             out.mkdir(parents=True, exist_ok=True)
