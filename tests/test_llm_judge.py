@@ -1,5 +1,6 @@
 """The LLM judge against an OpenAI-compatible stub on 127.0.0.1: every judgement is paid for once."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -212,3 +213,69 @@ def test_the_code_location_picks_the_llm_judge_from_the_environment(monkeypatch)
     monkeypatch.setenv("DAGSTER_RL_JUDGE_MODEL", MODEL)
     judge = judge_environment(store)
     assert judge.backend == "openai" and judge.base_url == EnvVar("DAGSTER_RL_JUDGE_URL") and judge.api_key == ""
+
+
+def lm_rule(body: dict) -> float:
+    """The stub's grade of a language model's answer: 1 with a `#### <n>` line, 0.25 without."""
+    answer = body["messages"][-1]["content"].split("Answer to grade:\n", 1)[1]
+    return 1.0 if re.search(r"####\s*\d", answer) else 0.25
+
+
+def test_the_llm_judge_grades_language_model_completions_through_the_driver(lab):
+    """A GSM8K-format language-model experiment judged by JudgeEnvironment(backend="openai"): the
+    verifier decides accuracy, the LLM grades the format, one paid call per trial under judge flakes."""
+    from dagster_rl.lm.grading import LMGrading
+    from dagster_rl.lm.prompts import load_prompt_set
+    from dagster_rl.lm.rewards import LMReward
+    from resources import JudgeEnvironment
+    from tests.conftest import shipped_settings
+
+    settings = shipped_settings(
+        "tiny_gsm8k", name="lm_llm", n_steps=2, prompts_per_step=4, n_samples=4, min_trials_per_step=8,
+        warmup={"demos": 16, "steps": 20}, sampling={"max_new_tokens": 12}, task={"eval_max_new_tokens": 12},
+        faults={"judge_flake_rate": 0.3},
+    )
+    replays = counters.read("judge_journal_replays")
+    with OpenAIStub(rule=lm_rule) as stub:
+        judge = lambda store: JudgeEnvironment(artifact_store=store, backend="openai", base_url=stub.base_url, model=MODEL, request_timeout_s=5.0)  # noqa: E731
+        run = lab("lm_llm", settings, judge=judge)
+        result = run.run("lm_llm", "0000", "0001")
+        assert result.success
+        assert stub.count == 2 * 16, "one judge call per trial; flaked judgements replay the journal"
+        calls = list(stub.calls)
+    assert counters.read("judge_journal_replays") > replays  # some attempts flaked after their call and replayed it
+    meta = run.latest("lm_llm", "rewards", "0000")
+    assert meta["n_trials"] == 16
+    exp = run.experiments["lm_llm"]
+    questions = {it.question for it in load_prompt_set(exp.task.source).train}
+    rewards = run.store().get_model("rewards", meta["artifact_key"], Rewards[LMReward]).rewards
+    for body in calls:
+        assert "#### <final number>" in body["messages"][0]["content"]  # the rubric's form, in words
+        asked = body["messages"][1]["content"].split("\n\n")[0].removeprefix("Question:\n")
+        assert asked in questions
+    for r in rewards:
+        assert set(r.components) == {"accuracy", "llm"}
+        assert r.components["accuracy"] == float(r.correct)  # the verifier decides correctness
+        assert r.components["llm"] in (1.0, 0.25)
+        assert r.reward == pytest.approx(r.components["accuracy"] + exp.rubric.format * r.components["llm"])
+        completion = _rollout(run, "0000", r.trial_id).completion_text
+        assert r.components["llm"] == (1.0 if re.search(r"####\s*\d", completion) else 0.25)  # the grade of its own text
+    entry = JudgeJournal(run.store()).lookup(
+        trajectory_hash(_rollout(run, "0000", rewards[0].trial_id)), rubric_hash(exp.rubric, LMGrading.prompt_version), MODEL
+    )
+    assert entry is not None and entry.score == rewards[0].components["llm"]
+
+    in_process = lab("lm_rubric", settings)
+    assert in_process.run("lm_llm", "0000", "0000").success
+    assert in_process.latest("lm_llm", "rollouts", "0000")["content_hash"] == run.latest("lm_llm", "rollouts", "0000")["content_hash"]
+    assert in_process.latest("lm_llm", "rewards", "0000")["artifact_key"] != meta["artifact_key"], (
+        "the judge's identity is part of the rewards' cache key"
+    )
+
+
+def _rollout(run, step: str, trial_id: str):
+    from dagster_rl.lm.records import LMRollout
+    from dagster_rl.records import Rollouts
+
+    rollouts = run.store().get_model("rollouts", run.latest("lm_llm", "rollouts", step)["artifact_key"], Rollouts[LMRollout])
+    return next(t for t in rollouts.trajectories if t.trial_id == trial_id)

@@ -1,5 +1,7 @@
 """GRPO over LoRA through the Dagster driver: learning, evaluation, caching, pipelining, torchrun."""
 
+from statistics import fmean
+
 import pytest
 
 from dagster_rl import counters
@@ -17,7 +19,7 @@ def tiny(**overrides) -> dict:
 
 @pytest.fixture(scope="module")
 def on_policy(tmp_path_factory):
-    """tiny_grpo steps 0000..0009, on-policy, trainer in-process."""
+    """tiny_grpo steps 0000..0009 (its warm-up first), on-policy, trainer in-process."""
     from tests.conftest import new_dagster_home, write_experiments
     from tests.harness import open_lab
 
@@ -37,16 +39,26 @@ def test_every_step_materializes_all_four_assets_in_order(on_policy):
 def test_mean_reward_rises_and_first_step_is_exactly_on_policy(on_policy):
     md = [on_policy.latest("tiny_grpo", "weights", s) for s in STEPS]
     rewards = [m["mean_reward"] for m in md]
-    # measured (bit for bit on the CPU): 0.027 0.025 0.033 0.077 0.045 0.072 0.102 0.136 0.161 0.117;
-    # sampled accuracy 0.02 0.02 0.02 0.05 0.03 0.03 0.06 0.08 0.09 0.05 (from 1/68, a random token)
-    assert rewards[0] == pytest.approx(0.0266, abs=1e-3)
-    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.08, rewards
-    success = [m["success_rate"] for m in md]
-    assert sum(success[-3:]) / 3 > 2.5 * sum(success[:3]) / 3, success
-    assert md[0]["ratio"] == 1.0 and md[0]["kl"] == 0.0  # rollouts of the initial adapter, trained from it
+    # measured (bit for bit on the CPU): 0.663 0.658 0.506 0.741 0.459 0.803 0.708 0.767 0.844 0.741;
+    # sampled accuracy 0.56 0.56 0.41 0.64 0.36 0.70 0.61 0.67 0.75 0.64 (the warm-up's, then GRPO's)
+    assert rewards[0] == pytest.approx(0.663, abs=1e-3)
+    assert fmean(rewards[-3:]) > fmean(rewards[:3]) + 0.08, rewards
+    # step 0 samples with the warm-up's adapter and trains from it: ratio exactly 1; the KL term's
+    # reference is the base (kl_reference: base), which the warm-up has moved away from
+    assert md[0]["ratio"] == 1.0 and md[0]["kl"] > 0.5
     assert all(m["policy_lag"] == 0.0 for m in md)
     assert [m["weights_version"] for m in md] == list(range(1, 11))
-    assert md[1]["kl"] > 0.0
+
+
+def test_heldout_greedy_accuracy_rises_above_the_warm_started_base(on_policy):
+    """GRPO generalizes: greedy accuracy on 100 prompts no step trains on rises above the warm-up's."""
+    sft = on_policy.latest("tiny_grpo", "sft", None)
+    evals = [on_policy.latest("tiny_grpo", "evaluation", s) for s in STEPS]
+    # measured: base 0.0, warm-up 0.51; steps 0..9: 0.72 0.83 0.81 0.78 0.82 0.83 0.84 0.86 0.89 0.87
+    assert sft["base_accuracy"] == 0.0 and sft["accuracy"] >= 0.3  # the warm-up can do the task a little
+    assert all(e["start_accuracy"] == sft["accuracy"] and e["n_prompts"] == 100 for e in evals)
+    accuracy = [e["accuracy"] for e in evals]
+    assert fmean(accuracy[-3:]) >= sft["accuracy"] + 0.10, accuracy
 
 
 def test_evaluation_is_recorded_for_every_step_with_the_base_model(on_policy):
@@ -84,7 +96,7 @@ def test_pipelined_steps_generate_with_the_weights_of_two_steps_back_and_resume_
     ref = lab("lag", tiny(name="lagged", max_policy_lag=1))
     assert ref.run("lagged", "0000", "0003").success
     behavior = [ref.latest("lagged", "rollouts", s)["behavior_policy"]["partition"] for s in STEPS[:4]]
-    assert behavior == ["initial", "initial", "0000", "0001"]
+    assert behavior == ["sft", "sft", "0000", "0001"]  # step 0's weights (the warm-up's) generate steps 0 and 1
     md = [ref.latest("lagged", "weights", s) for s in STEPS[:4]]
     assert [m["policy_lag"] for m in md] == [0.0, 1.0, 1.0, 1.0]
     assert md[0]["ratio"] == 1.0 and md[1]["ratio"] != 1.0  # stale samples: the importance ratio corrects

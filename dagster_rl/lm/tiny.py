@@ -15,7 +15,7 @@ Built-in models, by name (`builtin:<name>`; what a name builds never changes, si
 the folder by name): `tiny-qwen2` (the 68-token vocabulary above, hidden 64, 2 layers, no chat
 template), and `tiny-qwen2-gsm8k` for the GSM8K-format word problems of `lm.word_problems`: every
 byte plus each word of their vocabulary as one token, ChatML special tokens and a chat template
-(`<|im_start|>user ... <|im_end|>`, eos `<|im_end|>`), hidden 128, 4 layers.
+(`<|im_start|>user ... <|im_end|>`, eos `<|im_end|>`), hidden 64, 2 layers.
 """
 
 import json
@@ -110,7 +110,7 @@ class Builtin:
 
 BUILTINS = {
     "tiny-qwen2": Builtin(tiny_tokenizer),
-    "tiny-qwen2-gsm8k": Builtin(gsm8k_tokenizer, hidden=128, layers=4),
+    "tiny-qwen2-gsm8k": Builtin(gsm8k_tokenizer),
 }
 
 
