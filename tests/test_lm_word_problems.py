@@ -23,9 +23,12 @@ def test_problems_are_gsm8k_format_multi_step_and_a_pure_function_of_the_seed(tm
         assert equations, p
         for a, op, b, c in equations:
             assert eval(f"{a} {op} {b}") == int(c), p
+            assert 1 <= int(c) <= 16, p  # small numbers (operands up to 5 by default), no zeros
         assert equations[-1][3] == final[5:]
         assert extract_answer(p["answer"]) == final[5:]
     assert any(len(re.findall(" = ", p["answer"])) == 2 for p in problems)  # two-step problems are there
+    largest = {m: max(int(n) for p in word_problems(300, 0, m) for n in re.findall(r"\d+", p["question"])) for m in (5, 9)}
+    assert largest[5] <= 9 < largest[9]  # max_operand sets the difficulty
     path = write_jsonl(tmp_path / "wp.jsonl", 50, seed=3)
     items = load_gsm8k_jsonl(path)
     assert [it.reference for it in items] == [p["answer"].rsplit("#### ", 1)[1] for p in word_problems(50, 3)]
