@@ -28,6 +28,7 @@ from dagster import (
     AssetMaterialization,
     AssetSpec,
     BackfillPolicy,
+    BetaWarning,
     MaterializeResult,
     MetadataValue,
     StaticPartitionsDefinition,
@@ -164,19 +165,24 @@ def build_warmup(exp: Experiment):
     if spec is None:
         return None
 
-    @asset(
-        key=warmup_key(exp),
-        group_name=exp.name,
-        backfill_policy=BackfillPolicy.single_run(),  # lets a --partition-range of the group include it
-        description=spec.description,
-        metadata={"experiment": exp.name, "fork_of": exp.fork_of or ""},
-    )
     def warmup(context: AssetExecutionContext, artifact_store: ArtifactStoreResource) -> MaterializeResult:
-        result = spec.run(exp, artifact_store.get_store())
+        try:
+            result = spec.run(exp, artifact_store.get_store())
+        except DagsterRLError as e:
+            _no_retry_unless_retryable(context, e)
+            raise
         context.log.info(f"{exp.name}/{spec.name}: cache {result.cache}, " + ", ".join(f"{k}={v}" for k, v in result.metadata.items()))
         return MaterializeResult(metadata=warmup_metadata(exp, result))
 
-    return warmup
+    with warnings.catch_warnings():  # an unpartitioned asset's backfill policy is a beta parameter of dagster 1.13: known, wanted
+        warnings.simplefilter("ignore", BetaWarning)
+        return asset(
+            key=warmup_key(exp),
+            group_name=exp.name,
+            backfill_policy=BackfillPolicy.single_run(),  # lets a --partition-range of the group include it
+            description=spec.description,
+            metadata={"experiment": exp.name, "fork_of": exp.fork_of or ""},
+        )(warmup)
 
 
 def build_driver(exp: Experiment):
@@ -199,14 +205,18 @@ def build_driver(exp: Experiment):
         try:
             yield from _drive(context, exp, rollout, judge, trainer, artifact_store)
         except DagsterRLError as e:
-            if not e.retryable:  # a run retry would fail the same way: tell the daemon not to retry
-                context.instance.add_run_tags(context.run_id, {NO_RETRY_TAG: "false"})
+            _no_retry_unless_retryable(context, e)
             raise
 
     return driver
 
 
 NO_RETRY_TAG = "dagster/retry_on_asset_or_op_failure"
+
+
+def _no_retry_unless_retryable(context: AssetExecutionContext, error: DagsterRLError) -> None:
+    if not error.retryable:  # a run retry would fail the same way: tell the daemon not to retry
+        context.instance.add_run_tags(context.run_id, {NO_RETRY_TAG: "false"})
 
 
 def _drive(

@@ -28,7 +28,7 @@ EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 
 
 def metadata(instance: DagsterInstance, name: str, asset: str) -> dict:
-    records = instance.fetch_materializations(AssetKey([name, asset]), limit=100_000, ascending=True).records
+    records = instance.fetch_materializations(AssetKey([name, asset]), limit=10_000, ascending=True).records
     return {r.asset_materialization.partition: {k: v.value for k, v in r.asset_materialization.metadata.items()} for r in records}
 
 
@@ -39,7 +39,8 @@ def curve(name: str, root: Path) -> tuple[dict, dict, dict, float]:
     tags = {"dagster/asset_partition_range_start": step_key(0), "dagster/asset_partition_range_end": step_key(exp.n_steps - 1)}
     with DagsterInstance.ephemeral() as instance:
         t0 = time.perf_counter()
-        assert defs.resolve_job_def(f"{name}_train").execute_in_process(instance=instance, tags=tags).success
+        quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the table, not the run's event log
+        assert defs.resolve_job_def(f"{name}_train").execute_in_process(instance=instance, tags=tags, run_config=quiet).success
         wall = time.perf_counter() - t0
         return metadata(instance, name, "sft")[None], metadata(instance, name, "evaluation"), metadata(instance, name, "weights"), wall
 

@@ -39,6 +39,7 @@ def run(lag: int, args: argparse.Namespace, root: Path) -> dict[str, float]:
         sampling={"max_new_tokens": args.new_tokens},
         trainer={"backend": "torchrun", "nproc_per_node": 1, "threads_per_process": 1},
         generation_threads=1,
+        warmup=None,  # steps only: the warm-up is not what this measures
     )
     exp = parse_experiment(settings)
     defs = build_definitions({exp.name: exp}, {"artifact_store": ArtifactStoreResource(url=f"file://{root}/artifacts")})

@@ -106,3 +106,4 @@ def test_a_warmup_asking_for_more_demonstrations_than_training_prompts_fails_cle
     assert not result.success
     assert "asks for 16 demonstrations but the training split has 8" in failure_message(result)
     assert made.events("warm", "sft") == [] and made.events("warm", "rollouts") == []
+    assert made.instance.get_run_by_id(result.run_id).tags["dagster/retry_on_asset_or_op_failure"] == "false"  # not retried

@@ -177,22 +177,26 @@ class LMLoop:
         def generate(k: int):
             return gen_pool.submit(self._generate, exp, k, behavior(k), prompts, store, backends, warn)
 
-        pools = ThreadPoolExecutor(1, "generate"), ThreadPoolExecutor(1, "evaluate")
-        with torch_threads(exp.generation_threads), pools[0] as gen_pool, pools[1] as eval_pool:
-            generating, evaluating = generate(first), []
-            for k in steps:
-                gen = generating.result()
-                if lag and k < last:  # step k+1 generates with the weights of step k-1 while step k trains
-                    generating = generate(k + 1)
-                result, weights[k] = self._train(exp, k, weights[k - 1], gen, store, backends, reference)
-                if not lag and k < last:
-                    generating = generate(k + 1)
-                yield result
-                while evaluating:  # evaluation of step k-1 is awaited after step k trains
-                    yield evaluating.pop(0).result()
-                evaluating.append(eval_pool.submit(self._evaluate, exp, k, weights[k], base, initial, prompts, store))
-            for pending in evaluating:
-                yield pending.result()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(exp.generation_threads)
+        try:
+            with ThreadPoolExecutor(1, "generate") as gen_pool, ThreadPoolExecutor(1, "evaluate") as eval_pool:
+                generating, evaluating = generate(first), []
+                for k in steps:
+                    gen = generating.result()
+                    if lag and k < last:  # step k+1 generates with the weights of step k-1 while step k trains
+                        generating = generate(k + 1)
+                    result, weights[k] = self._train(exp, k, weights[k - 1], gen, store, backends, reference)
+                    if not lag and k < last:
+                        generating = generate(k + 1)
+                    yield result
+                    while evaluating:  # evaluation of step k-1 is awaited after step k trains
+                        yield evaluating.pop(0).result()
+                    evaluating.append(eval_pool.submit(self._evaluate, exp, k, weights[k], base, initial, prompts, store))
+                for pending in evaluating:
+                    yield pending.result()
+        finally:
+            torch.set_num_threads(threads)
 
     def _generate(
         self, exp: Exp, step: int, behavior: Weights[Checkpoint], prompts: PromptSet, store: ArtifactStore, backends: Backends, warn: Warn
