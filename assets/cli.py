@@ -1,4 +1,5 @@
-"""`dagster-rl`: what the Dagster CLI does not say directly, read from the Dagster instance."""
+"""`dagster-rl`: what the Dagster CLI does not say directly, read from the Dagster instance, and the
+subcommands tasks add (`dagster-rl serve`: a model over vLLM's OpenAI-compatible API)."""
 
 import argparse
 import json
@@ -13,6 +14,7 @@ from dagster_rl.experiment import Experiment, step_key
 from dagster_rl.experiment_files import load_experiments
 from dagster_rl.lineage import trace
 from dagster_rl.store import ArtifactStore
+from dagster_rl.task import BUILTIN_TASKS, task_of
 
 COLUMNS = ("step", "state", "cache", "trials", "mean_reward", "success", "mean_turns", "weights_v", "attempt")
 
@@ -114,6 +116,11 @@ def main(argv: list[str] | None = None) -> None:
     lineage.add_argument("step", help="step number, e.g. 7 or 0007")
     lineage.add_argument("--json", action="store_true", help="everything, every trial seed included, as JSON")
     lineage.set_defaults(fn=cmd_lineage)
+    for kind in BUILTIN_TASKS:  # the tasks' own subcommands (the language models' `serve`)
+        for name, command in task_of(kind).commands.items():
+            cmd = sub.add_parser(name, help=command.help)
+            command.add_arguments(cmd)
+            cmd.set_defaults(fn=command.run)
     args = parser.parse_args(argv)
     args.fn(args)
 

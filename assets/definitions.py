@@ -5,10 +5,11 @@ from pathlib import Path
 
 from dagster import AssetSelection, Definitions, EnvVar, define_asset_job
 
+from assets.deployment import artifact_url, executor, rollout_environment, trainer_environment
 from assets.driver import build_driver
 from dagster_rl.experiment import Experiment
 from dagster_rl.experiment_files import load_experiments
-from resources import ArtifactStoreResource, JudgeEnvironment, PipesTorchrunLauncher, RolloutEnvironment, TrainerEnvironment
+from resources import ArtifactStoreResource, JudgeEnvironment
 
 DEFAULT_EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 
@@ -36,11 +37,12 @@ def judge_environment(store: ArtifactStoreResource) -> JudgeEnvironment:
 
 
 def default_resources(store: ArtifactStoreResource) -> dict:
-    """The embedded default: every environment in this process (torchrun as a Pipes subprocess)."""
+    """The embedded default: every environment in this process (torchrun as a Pipes subprocess);
+    a rollout server and Kubernetes trainer pods where the environment names them (`assets.deployment`)."""
     return {
-        "rollout": RolloutEnvironment(),
+        "rollout": rollout_environment(),
         "judge": judge_environment(store),
-        "trainer": TrainerEnvironment(launcher=PipesTorchrunLauncher()),
+        "trainer": trainer_environment(),
         "artifact_store": store,
     }
 
@@ -58,8 +60,10 @@ def build_definitions(experiments: dict[str, Experiment], resources: dict | None
         for name, driver in drivers.items()
     ]
     resources = dict(resources or {})
-    store = resources.get("artifact_store") or ArtifactStoreResource()
-    return Definitions(assets=list(drivers.values()), jobs=jobs, resources={**default_resources(store), **resources})
+    store = resources.get("artifact_store") or ArtifactStoreResource(url=artifact_url())
+    return Definitions(
+        assets=list(drivers.values()), jobs=jobs, resources={**default_resources(store), **resources}, executor=executor()
+    )
 
 
 defs = build_definitions(load_experiments(Path(os.environ.get("DAGSTER_RL_EXPERIMENTS", DEFAULT_EXPERIMENTS))))

@@ -139,6 +139,8 @@ def build_driver(exp: Experiment):
         partitions_def=step_partitions(exp),
         backfill_policy=BackfillPolicy.single_run(),
         can_subset=True,  # makes check outputs optional: checks are reported per step as events
+        # on Kubernetes (k8s_job_executor) the driver's step pod gets what the experiment says it needs
+        op_tags={"dagster-k8s/config": exp.driver_pod.dagster_k8s_config()} if exp.driver_pod else None,
         description=f"Drives the training steps of experiment {exp.name} in order. {exp.description}",
     )
     def driver(

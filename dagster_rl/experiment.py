@@ -6,17 +6,13 @@ Each task subclasses `Experiment` with its own `task`, rubric and training setti
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from dagster_rl.hashing import content_hash
+from dagster_rl.pods import PodResources
+from dagster_rl.strict import Strict  # noqa: F401 - settings modules import it from here
 
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
-
-
-class Strict(BaseModel):
-    """Settings: unknown fields are errors, values never change after validation."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Faults(Strict):
@@ -49,6 +45,9 @@ class Experiment(Strict):
     min_trials_per_step: int = Field(1, ge=1)
     faults: Faults = Faults()
     checks: Checks = Checks()
+    driver_pod: PodResources | None = Field(
+        None, description="on Kubernetes (k8s_job_executor): what the driver's step pod needs (and in-process rollouts)"
+    )
 
     @field_validator("n_samples")
     @classmethod
@@ -79,7 +78,7 @@ class Experiment(Strict):
     def step_keys(self) -> list[str]:
         return [step_key(i) for i in range(self.n_steps)]
 
-    NOT_TRAINING: ClassVar[frozenset[str]] = frozenset({"name", "description", "fork_of", "n_steps", "faults", "checks"})
+    NOT_TRAINING: ClassVar[frozenset[str]] = frozenset({"name", "description", "fork_of", "n_steps", "faults", "checks", "driver_pod"})
 
     def training_inputs(self) -> dict[str, Any]:
         """Every setting that changes what the steps compute (not names, steps, faults or checks)."""

@@ -20,6 +20,7 @@ A task provides, in its own package:
    `backends()` picks one of each.
 5. `step_assets`: per-step assets beyond rollouts -> rewards -> weights (the language models'
    `evaluation`).
+6. `commands`: subcommands it adds to the `dagster-rl` CLI (the language models' `serve`).
 
 Words, one per idea:
     experiment   one YAML file's settings, validated by the task's `Experiment` subclass
@@ -32,6 +33,7 @@ Words, one per idea:
     backend      the named implementation an environment runs (`sandbox`, `hf`, `torchrun`, ...)
 """
 
+import argparse
 import importlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +44,7 @@ from pydantic import BaseModel
 
 from dagster_rl.checks import CheckOutcome
 from dagster_rl.experiment import Experiment
+from dagster_rl.pods import PodLauncher
 from dagster_rl.retries import Limits
 from dagster_rl.store import ArtifactRef, ArtifactStore
 
@@ -136,19 +139,38 @@ Launch = Callable[[list[str], dict[str, str]], None]  # run a command (the train
 
 
 @dataclass(frozen=True)
+class Endpoint:
+    """An OpenAI-compatible inference server (vLLM, or `dagster-rl serve`) a rollout backend calls.
+
+    `adapter_dir`: where a backend writes adapters for the server to load, a folder both the driver
+    and the server read at the same path; empty: the server reads them in the artifact store itself
+    (a local or mounted store)."""
+
+    base_url: str  # e.g. http://vllm:8000/v1
+    api_key: str | None = None
+    request_timeout_s: float = 60.0
+    adapter_dir: str = ""
+    start: Callable[[], None] | None = None  # starts the server when the environment manages one; call before use
+
+
+@dataclass(frozen=True)
 class RolloutEnv:
-    """What the rollout environment gives a backend: its limits, and a folder for trials' scratch."""
+    """What the rollout environment gives a backend: its limits, a folder for trials' scratch, and
+    the inference server it runs against (none: the backend generates in this process)."""
 
     limits: Limits
     scratch_dir: Path
+    endpoint: Endpoint | None = None
 
 
 @dataclass(frozen=True)
 class TrainerEnv:
-    """What the trainer environment gives a backend: its limits, and how to launch a command."""
+    """What the trainer environment gives a backend: its limits, how to launch a command on this
+    machine, and how to launch a set of pods on a cluster (`dagster_rl.pods`)."""
 
     limits: Limits
     launch: Launch | None = None
+    pods: PodLauncher | None = None
 
 
 class LLMGrading(Protocol):
@@ -170,6 +192,15 @@ class StepAssetSpec:
 
 
 @dataclass(frozen=True)
+class Command:
+    """A `dagster-rl <name>` subcommand a task adds (see `Task.commands`)."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], None]
+
+
+@dataclass(frozen=True)
 class Task(Generic[E]):
     kind: str
     experiment: type[E]
@@ -179,6 +210,7 @@ class Task(Generic[E]):
     trainer: Mapping[str, Callable[[E, TrainerEnv], Backend]]
     grading: LLMGrading | None = None
     step_assets: tuple[StepAssetSpec, ...] = field(default=())
+    commands: Mapping[str, Command] = field(default_factory=dict)
 
     def backend(self, tier: Literal["rollout", "trainer"], exp: E, env: RolloutEnv | TrainerEnv) -> Backend:
         """The backend of `tier` that the experiment names (`exp.backends()`), built for `env`."""

@@ -102,8 +102,8 @@ def test_two_rank_gradients_equal_single_process(tiny_dir, trained_v1, tmp_path,
 def test_torchrun_command():
     cmd = launch_torchrun("job.json", nproc_per_node=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29400, python="py")
     assert cmd == [
-        "py", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "4", "--max-restarts", "0",
-        "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29400", "-m", "dagster_rl.lm.worker", "job.json",
+        "py", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "4", "--max-restarts", "0", "--rdzv-backend",
+        "static", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29400", "-m", "dagster_rl.lm.worker", "job.json",
     ]
     assert "--standalone" in launch_torchrun("job.json", nproc_per_node=2)
     with pytest.raises(ValueError, match="master_addr"):

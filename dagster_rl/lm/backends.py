@@ -1,9 +1,11 @@
 """The language-model task's backends: batched `transformers` generation (rollout `hf`), and the
-GRPO update in this process (trainer `in_process`) or under `torchrun` (trainer `torchrun`).
+GRPO update in this process (trainer `in_process`), under `torchrun` (trainer `torchrun`), or on
+an Indexed Job of pods (trainer `k8s`).
 
-Both trainers run the code the pods run: they write a job folder and run `dagster_rl.lm.worker`
-either in this process or under `torchrun`, started by a `launch` (Dagster Pipes from the driver,
-or a plain subprocess).
+Every trainer runs the code the pods run: it writes a job folder and runs `dagster_rl.lm.worker`
+in this process, under `torchrun` started by a `launch` (Dagster Pipes from the driver, or a plain
+subprocess), or under `torchrun` in each of `nodes` pods placed by a `PodLauncher` (the job folder
+then lies on storage the pods share).
 """
 
 import os
@@ -24,9 +26,10 @@ from dagster_rl.lm.records import LMRollout, RolloutRequest
 from dagster_rl.lm.rollout_hf import generate_rollouts
 from dagster_rl.lm.trainer import TrainMetrics
 from dagster_rl.lm.worker import CHECKPOINT_DIR, METRICS, TrainBatch, TrainJob, launch_torchrun, run_job, write_job
+from dagster_rl.pods import COMPLETION_INDEX, MASTER_ADDR, MASTER_PORT, PodJob, PodLauncher
 from dagster_rl.records import TrialFailed
 from dagster_rl.retries import Limits, with_retries
-from dagster_rl.task import Launch
+from dagster_rl.task import Launch, Weights
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,12 +65,12 @@ class HFRollouts:
     policies: PolicyCache = field(default_factory=PolicyCache)
 
     def generate(
-        self, exp: LMExperiment, requests: Sequence[RolloutRequest], behavior: dict[str, bytes], template: str
+        self, exp: LMExperiment, requests: Sequence[RolloutRequest], behavior: Weights[dict[str, bytes]], template: str
     ) -> list[LMRollout | TrialFailed]:
         """One outcome per request: its rollout, or how it failed after its retries. Each attempt
         generates the trials still pending, in batches; a trial's tokens do not depend on its batch,
         so a trial that finished is never generated again."""
-        policy = self.policies.get(exp, behavior)
+        policy = self.policies.get(exp, behavior.payload)
         done: dict[str, LMRollout] = {}
         errors: dict[str, BaseException] = {}
         pending = list(requests)
@@ -99,14 +102,16 @@ class HFRollouts:
 
 @dataclass(frozen=True)
 class LMTrainer:
-    """One GRPO update through the worker entrypoint: in this process when `launch` is None, else
-    `nproc_per_node` torchrun workers on this machine, started by `launch`."""
+    """One GRPO update through the worker entrypoint: in this process when neither `launch` nor
+    `pods` is set; `nproc_per_node` torchrun workers on this machine, started by `launch`; or
+    `nproc_per_node` torchrun workers in each pod of a `PodJob` placed by `pods`."""
 
     limits: Limits = Limits(max_retries=0, timeout_s=3600.0, max_concurrency=1)
     launch: Launch | None = None
     nproc_per_node: int = 1
     threads_per_process: int = 1
     workdir: Path | None = None
+    pods: PodLauncher | None = None
 
     def train(
         self, exp: LMExperiment, previous: dict[str, bytes], rollouts: list[LMRollout], rewards: list[LMReward]
@@ -128,7 +133,9 @@ class LMTrainer:
             output_dir=str(tmp / "output"),
         )
         job_path = write_job(job, tmp / "job.json")
-        if self.launch is None:
+        if self.pods is not None:
+            self.pods.run(self.pod_job(exp, job_path, step=rollouts[0].step if rollouts else 0))
+        elif self.launch is None:
             run_job(job)
         else:
             env = {
@@ -138,3 +145,26 @@ class LMTrainer:
             self.launch(launch_torchrun(job_path, self.nproc_per_node), env)
         out = tmp / "output"
         return load_checkpoint(out / CHECKPOINT_DIR), TrainMetrics.model_validate_json((out / METRICS).read_text())
+
+    def pod_job(self, exp: LMExperiment, job_path: Path, step: int) -> PodJob:
+        """The set of pods of one update: torchrun on each, node rank = the pod's completion index,
+        static rendezvous at pod 0 (its DNS name, from the Job's headless Service)."""
+        t = exp.trainer
+        command = launch_torchrun(
+            job_path,
+            t.nproc_per_node,
+            nnodes=t.nodes,
+            node_rank=f"$({COMPLETION_INDEX})",
+            master_addr=f"$({MASTER_ADDR})",
+            master_port=f"$({MASTER_PORT})",
+            python="python",
+        )
+        return PodJob(
+            name=f"{exp.name}-s{step:04d}",
+            nodes=t.nodes,
+            command=tuple(command),
+            env={"OMP_NUM_THREADS": str(self.threads_per_process)},
+            resources=t.pods,
+            max_restarts=t.max_restarts,
+            active_deadline_s=t.active_deadline_s,
+        )

@@ -133,7 +133,7 @@ class LMLoop:
         judged: dict[str, list] = {}  # rewards judged right after generating, when the rollouts are new
 
         def generate() -> Rollouts[LMRollout]:
-            outcomes = backends.rollout.generate(exp, requests, behavior.payload, prompts.template)
+            outcomes = backends.rollout.generate(exp, requests, behavior, prompts.template)
             trajectories = by_trial(o for o in outcomes if isinstance(o, LMRollout))
             failed = [o for o in outcomes if isinstance(o, TrialFailed)]
             for f in failed:
@@ -166,7 +166,9 @@ class LMLoop:
         )
 
     def _rollouts_key(self, exp: Exp, step: int, behavior: Weights[Checkpoint]) -> str:
-        return rollouts_key(CODE_VERSIONS["rollouts"], exp, step, behavior.ref.content_hash, policy=exp.policy, sampling=exp.sampling)
+        return rollouts_key(
+            CODE_VERSIONS["rollouts"], exp, step, behavior.ref.content_hash, policy=exp.policy, sampling=exp.sampling, **exp.rollout.cache_inputs()
+        )
 
     def _train(
         self, exp: Exp, step: int, previous: Weights[Checkpoint], gen: Generated, store: ArtifactStore, backends: Backends

@@ -60,14 +60,16 @@ def launch_torchrun(
     job_path: Path | str,
     nproc_per_node: int,
     nnodes: int = 1,
-    node_rank: int = 0,
+    node_rank: int | str = 0,
     master_addr: str | None = None,
-    master_port: int = 29500,
+    master_port: int | str = 29500,
     python: str = sys.executable,
 ) -> list[str]:
     """The torchrun command that runs this worker on one node of a job (run it with env PYTHONPATH set
-    so the workers import this package). One node and no master address: `--standalone`."""
-    if nproc_per_node < 1 or nnodes < 1 or not 0 <= node_rank < nnodes:
+    so the workers import this package). One node and no master address: `--standalone`; else a
+    static rendezvous at the master. `node_rank` and `master_port` may be placeholders a pod expands
+    (`$(JOB_COMPLETION_INDEX)`, `$(MASTER_PORT)`)."""
+    if nproc_per_node < 1 or nnodes < 1 or (isinstance(node_rank, int) and not 0 <= node_rank < nnodes):
         raise ValueError(f"nproc_per_node={nproc_per_node}, nnodes={nnodes}, node_rank={node_rank}: need >= 1, >= 1, 0..nnodes-1")
     cmd = [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node), "--max-restarts", "0"]
     if nnodes == 1 and master_addr is None:
@@ -75,7 +77,7 @@ def launch_torchrun(
     else:
         if master_addr is None:
             raise ValueError("a multi-node job needs master_addr: the address of the node with node_rank 0")
-        cmd += ["--node-rank", str(node_rank), "--master-addr", master_addr, "--master-port", str(master_port)]
+        cmd += ["--rdzv-backend", "static", "--node-rank", str(node_rank), "--master-addr", master_addr, "--master-port", str(master_port)]
     return cmd + ["-m", "dagster_rl.lm.worker", str(job_path)]
 
 
