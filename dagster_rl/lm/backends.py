@@ -116,6 +116,9 @@ class LMTrainer:
     def train(
         self, exp: LMExperiment, previous: dict[str, bytes], rollouts: list[LMRollout], rewards: list[LMReward]
     ) -> tuple[dict[str, bytes], TrainMetrics]:
+        if self.workdir is not None:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+
         def attempt(n: int) -> tuple[dict[str, bytes], TrainMetrics]:
             counters.bump("train_calls")
             with tempfile.TemporaryDirectory(prefix="dagster-rl-train-", dir=self.workdir) as tmp:
