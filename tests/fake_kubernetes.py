@@ -186,13 +186,18 @@ class FakeKubernetes:
                 self._kill(pod)
 
     # ---- services ------------------------------------------------------------------------------
-    def create_namespaced_service(self, namespace: str, body: dict, **_: Any) -> dict:
+    def _admit(self, kind: str, namespace: str, body: dict, existing: dict) -> str:
+        """The API server's part of a create: validate, record, refuse a name that exists."""
         validate(body)
         name = body["metadata"]["name"]
+        self.calls.append(("create", f"{kind}/{name}"))
+        if (namespace, name) in existing:
+            raise ApiException(status=409, reason="AlreadyExists")
+        return name
+
+    def create_namespaced_service(self, namespace: str, body: dict, **_: Any) -> dict:
         with self._lock:
-            self.calls.append(("create", f"service/{name}"))
-            if (namespace, name) in self.services:
-                raise ApiException(status=409, reason="AlreadyExists")
+            name = self._admit("service", namespace, body, self.services)
             self.services[(namespace, name)] = body
         return body
 
@@ -212,12 +217,8 @@ class FakeKubernetes:
 
     # ---- jobs ----------------------------------------------------------------------------------
     def create_namespaced_job(self, body: dict, namespace: str, **_: Any) -> V1Job:
-        validate(body)
-        name = body["metadata"]["name"]
         with self._lock:
-            self.calls.append(("create", f"job/{name}"))
-            if (namespace, name) in self.jobs:
-                raise ApiException(status=409, reason="AlreadyExists")
+            name = self._admit("job", namespace, body, self.jobs)
             job = FakeJob(body, next(self._numbers), str(uuid.uuid4()), time.monotonic())
             self.jobs[(namespace, name)] = job
             port = str(free_port())  # every Job its own port: all "pods" share this machine's network

@@ -16,7 +16,7 @@ from dagster_rl.lm.logprobs import completion_logprobs
 from dagster_rl.lm.policy import Policy
 from dagster_rl.lm.sampling import generate
 from dagster_rl.lm.settings import SamplingSettings
-from dagster_rl.lm.records import LMRollout, RolloutRequest
+from dagster_rl.lm.records import LMRollout, RolloutRequest, rollout_of
 from dagster_rl.lm.prompts import PromptItem, render
 
 
@@ -39,24 +39,9 @@ def generate_rollouts(
             if key not in logps:
                 with torch.inference_mode():
                     logps[key] = completion_logprobs(model, ids, g.completion_ids, sampling.temperature).tolist()
+            text = tok.decode(g.completion_ids, skip_special_tokens=True)
             rollouts.append(
-                LMRollout(
-                    trial_id=r.trial_id,
-                    step=r.step,
-                    prompt=r.prompt,
-                    sample=r.sample,
-                    prompt_id=r.item.id,
-                    reference=r.item.reference,
-                    seed=r.seed,
-                    prompt_token_ids=ids,
-                    completion_token_ids=g.completion_ids,
-                    completion_text=tok.decode(g.completion_ids, skip_special_tokens=True),
-                    sampling_logprobs=list(logps[key]),
-                    finish_reason=g.finish_reason,
-                    temperature=sampling.temperature,
-                    top_p=sampling.top_p,
-                    behavior_version=policy.version,
-                )
+                rollout_of(r, ids, g.completion_ids, text, logps[key], g.finish_reason, sampling.temperature, sampling.top_p, policy.version)
             )
     return sorted(rollouts, key=lambda r: r.trial_id)
 

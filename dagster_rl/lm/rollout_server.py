@@ -34,7 +34,7 @@ from dagster_rl.http_json import EndpointError
 from dagster_rl.lm.experiment import LMExperiment
 from dagster_rl.lm.policy import ADAPTER, ADAPTER_CONFIG
 from dagster_rl.lm.prompts import render
-from dagster_rl.lm.records import LMRollout, RolloutRequest
+from dagster_rl.lm.records import LMRollout, RolloutRequest, rollout_of
 from dagster_rl.lm.tiny import resolve_model
 from dagster_rl.records import TrialFailed
 from dagster_rl.retries import AttemptsExhausted, Limits, with_retries
@@ -109,23 +109,9 @@ class ServerRollouts:
                     seed=r.seed % 2**63,  # vLLM takes a signed 64-bit seed; the sampler uses seed mod 2^63 anyway
                     timeout_s=min(self.endpoint.request_timeout_s, self.limits.timeout_s),
                 )
-                return LMRollout(
-                    trial_id=r.trial_id,
-                    step=r.step,
-                    prompt=r.prompt,
-                    sample=r.sample,
-                    prompt_id=r.item.id,
-                    reference=r.item.reference,
-                    seed=r.seed,
-                    prompt_token_ids=prompt_ids,
-                    completion_token_ids=c.token_ids,
-                    completion_text=tok.decode(c.token_ids, skip_special_tokens=True),
-                    sampling_logprobs=c.logprobs,
-                    finish_reason=c.finish_reason,
-                    temperature=exp.sampling.temperature,
-                    top_p=exp.sampling.top_p,
-                    behavior_version=behavior.version,
-                )
+                text = tok.decode(c.token_ids, skip_special_tokens=True)
+                s = exp.sampling
+                return rollout_of(r, prompt_ids, c.token_ids, text, c.logprobs, c.finish_reason, s.temperature, s.top_p, behavior.version)
 
             try:
                 return with_retries(f"trial {r.trial_id}", attempt, self.limits.max_retries, self.limits.timeout_s)
