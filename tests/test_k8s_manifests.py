@@ -13,6 +13,7 @@ import kubernetes
 import kubernetes_validate
 import pytest
 import yaml
+from dagster import EnvVar
 from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
 
 from assets import deployment
@@ -194,3 +195,28 @@ def test_the_gpu_experiment_loads_without_its_model_and_fails_clearly_when_run(l
     result = lab("qwen", raw).run("qwen25_grpo_k8s", "0000", "0000", raise_on_error=False)
     assert not result.success
     assert "cannot load base model '/data/models/Qwen2.5-0.5B-Instruct'" in failure_message(result)
+
+
+def test_the_code_location_reads_its_cluster_from_its_environment(monkeypatch):
+    from assets.definitions import build_definitions
+
+    monkeypatch.setenv(deployment.EXECUTOR, "k8s")
+    monkeypatch.setenv(deployment.K8S_IMAGE, "registry.example.com/dagster-rl:0.1.0")
+    monkeypatch.setenv(deployment.STORAGE_CLAIM, "dagster-rl-shared")
+    monkeypatch.setenv(deployment.ROLLOUT_URL, "http://vllm:8000/v1")
+    defs = build_definitions(load_experiments(REPO / "experiments"))
+    assert defs.resolve_job_def("qwen25_grpo_k8s_train").executor_def.name == "k8s"
+    k8s = defs.resources["trainer"].k8s
+    assert (k8s.image, k8s.storage_claim, k8s.storage_mount_path, k8s.workdir) == (
+        "registry.example.com/dagster-rl:0.1.0", "dagster-rl-shared", "/data", "/data/trainer-jobs",
+    )  # fmt: skip
+    url = defs.resources["rollout"].base_url  # an EnvVar: read where the run executes
+    assert isinstance(url, EnvVar) and url.env_var_name == deployment.ROLLOUT_URL
+    monkeypatch.setenv(deployment.EXECUTOR, "celery")
+    with pytest.raises(ValueError, match="DAGSTER_RL_EXECUTOR='celery'"):
+        deployment.executor()
+    for name in (deployment.EXECUTOR, deployment.K8S_IMAGE, deployment.ROLLOUT_URL):
+        monkeypatch.delenv(name)
+    defs = build_definitions(load_experiments(REPO / "experiments"))
+    assert defs.resources["trainer"].k8s is None and defs.resources["rollout"].endpoint() is None
+    assert defs.resolve_job_def("qwen25_grpo_k8s_train").executor_def.name != "k8s"
