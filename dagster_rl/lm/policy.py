@@ -92,24 +92,53 @@ def attach_lora(model: torch.nn.Module, lora: LoRASettings) -> PeftModel:
             raise DagsterRLError(f"cannot attach LoRA to this model: {e}. Check lora.target_modules.") from None
 
 
-def load_policy(settings: PolicySettings, checkpoint: dict[str, bytes] | None = None) -> Policy:
-    """The base with the checkpoint's adapter, or with a fresh one (version 0) when there is none."""
+def resolve_device(setting: str, index: int | None = None) -> torch.device:
+    """`policy.device` as a torch device: auto is cuda when this process sees a GPU, else cpu.
+    `index`: the GPU of this process (its LOCAL_RANK under torchrun); default the current one."""
+    if setting == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device() if index is None else index)
+    if setting == "cuda":
+        raise DagsterRLError(
+            "policy.device is cuda but this process sees no GPU (torch.cuda.is_available() is False); "
+            "set policy.device to auto or cpu, or run where a GPU and a CUDA build of torch are"
+        )
+    return torch.device("cpu")
+
+
+def load_policy(settings: PolicySettings, checkpoint: dict[str, bytes] | None = None, device: torch.device | None = None) -> Policy:
+    """The base with the checkpoint's adapter, or with a fresh one (version 0) when there is none, on
+    `device` (default: the settings' device)."""
     base, tokenizer = load_base(settings.base_model, settings.dtype)
-    model = attach_lora(base, settings.lora)
-    version = 0
+    model = attach_lora(base, settings.lora)  # on the CPU: LoRA A is drawn from the CPU generator everywhere
+    model.to(device or resolve_device(settings.device))
+    policy = Policy(model=model, tokenizer=tokenizer, version=0, settings=settings)
     if checkpoint is not None:
-        state = read_state(checkpoint)
-        version = state["version"]
-        if state["lora"] != settings.lora.model_dump(mode="json"):
-            raise CheckpointError(
-                f"checkpoint v{version} was trained with LoRA settings {state['lora']}, not "
-                f"{settings.lora.model_dump(mode='json')}; load it with the settings it was made with"
-            )
-        result = set_peft_model_state_dict(model, load_safetensors(checkpoint[ADAPTER]))
-        unexpected = list(getattr(result, "unexpected_keys", []) or [])
-        if unexpected:
-            raise CheckpointError(f"checkpoint adapter has weights this model lacks: {unexpected[:3]}...")
-    return Policy(model=model, tokenizer=tokenizer, version=version, settings=settings)
+        load_adapter(policy, checkpoint)
+    return policy
+
+
+def load_adapter(policy: Policy, checkpoint: dict[str, bytes]) -> Policy:
+    """Put the checkpoint's adapter and version into a loaded policy (the base stays as it is):
+    the same policy, bit for bit, as loading the base afresh with that checkpoint."""
+    state = read_state(checkpoint)
+    version = state["version"]
+    lora = policy.settings.lora.model_dump(mode="json")
+    if state["lora"] != lora:
+        raise CheckpointError(
+            f"checkpoint v{version} was trained with LoRA settings {state['lora']}, not {lora}; load it with the settings it was made with"
+        )
+    adapter = load_safetensors(checkpoint[ADAPTER])
+    trainable = len(policy.trainable())
+    if len(adapter) != trainable:
+        raise CheckpointError(f"checkpoint adapter holds {len(adapter)} tensors for the policy's {trainable} adapter weights")
+    result = set_peft_model_state_dict(policy.model, adapter)
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    if unexpected:
+        raise CheckpointError(f"checkpoint adapter has weights this model lacks: {unexpected[:3]}...")
+    policy.version = version
+    return policy
 
 
 def make_optimizer(policy: Policy, grpo: GRPOLMSettings, checkpoint: dict[str, bytes] | None = None) -> torch.optim.AdamW:
@@ -144,13 +173,13 @@ def make_optimizer(policy: Policy, grpo: GRPOLMSettings, checkpoint: dict[str, b
 
 def checkpoint_bytes(policy: Policy, optimizer: torch.optim.Optimizer | None) -> dict[str, bytes]:
     """The policy's adapter, optimizer state and version as file name -> bytes."""
-    adapter = {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(policy.model, save_embedding_layers=False).items()}
+    adapter = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(policy.model, save_embedding_layers=False).items()}
     moments: dict[str, torch.Tensor] = {}
     if optimizer is not None:
         index = {id(p): n for n, p in policy.trainable()}
         for p, st in optimizer.state.items():
             for k in ("step", "exp_avg", "exp_avg_sq"):
-                moments[f"{index[id(p)]}::{k}"] = st[k].detach().contiguous()
+                moments[f"{index[id(p)]}::{k}"] = st[k].detach().cpu().contiguous()
     peft_config = policy.model.peft_config["default"].to_dict()
     state = {
         "format": FORMAT,

@@ -1,18 +1,16 @@
 """Rollouts of a step on `transformers`: generate, record, and greedy completions for evaluation.
 
 A rollout records what the trainer needs and nothing it must recompute: the prompt and completion
-token ids, the behavior log-probability of every completion token (see `logprobs`), the adapter
-version that sampled it, its trial id and seed. Trial (step, p, n) is seeded by
-seed_of(experiment seed, step, p, n), so a retried rollout is the same rollout, token for token and
-bit for bit, whatever batch it lands in: tokens come from its own generator, and its log-probs from
-a forward of its own sequence alone.
+token ids, the behavior log-probability of every completion token as the sampler drew it (see
+`logprobs`), the adapter version that sampled it, its trial id and seed. Trial (step, p, n) is
+seeded by seed_of(experiment seed, step, p, n): a retried rollout draws the same uniforms whatever
+batch it lands in, so it samples the same tokens wherever the logits agree; its log-probs, from a
+batched decode, agree with another batch's to float rounding. The same requests in the same
+batches give the same bytes.
 """
 
 from collections.abc import Sequence
 
-import torch
-
-from dagster_rl.lm.logprobs import completion_logprobs
 from dagster_rl.lm.policy import Policy
 from dagster_rl.lm.sampling import generate
 from dagster_rl.lm.settings import SamplingSettings
@@ -27,18 +25,12 @@ def generate_rollouts(
     tok = policy.tokenizer
     model = policy.model.eval()
     rollouts: list[LMRollout] = []
-    # Log-probs are a pure function of the sequence: samples of a group that sampled the same
-    # completion (common once the policy is sure of itself) share one forward, bit for bit.
-    logps: dict[tuple[tuple[int, ...], tuple[int, ...]], list[float]] = {}
+    encoded: dict[str, list[int]] = {}  # the samples of a group share their prompt's tokens
     for start in range(0, len(requests), batch_size):
         batch = list(requests[start : start + batch_size])
-        prompt_ids = [tok(render(r.item, template))["input_ids"] for r in batch]
+        prompt_ids = [_encode(tok, render(r.item, template), encoded) for r in batch]
         gens = generate(model, prompt_ids, [r.seed for r in batch], sampling, tok.eos_token_id, tok.pad_token_id)
         for r, ids, g in zip(batch, prompt_ids, gens):
-            key = (tuple(ids), tuple(g.completion_ids))
-            if key not in logps:
-                with torch.inference_mode():
-                    logps[key] = completion_logprobs(model, ids, g.completion_ids, sampling.temperature).tolist()
             rollouts.append(
                 LMRollout(
                     trial_id=r.trial_id,
@@ -51,7 +43,7 @@ def generate_rollouts(
                     prompt_token_ids=ids,
                     completion_token_ids=g.completion_ids,
                     completion_text=tok.decode(g.completion_ids, skip_special_tokens=True),
-                    sampling_logprobs=list(logps[key]),
+                    sampling_logprobs=g.logprobs,
                     finish_reason=g.finish_reason,
                     temperature=sampling.temperature,
                     top_p=sampling.top_p,
@@ -59,6 +51,12 @@ def generate_rollouts(
                 )
             )
     return sorted(rollouts, key=lambda r: r.trial_id)
+
+
+def _encode(tok, text: str, encoded: dict[str, list[int]]) -> list[int]:
+    if text not in encoded:
+        encoded[text] = tok(text)["input_ids"]
+    return list(encoded[text])
 
 
 def greedy_completions(policy: Policy, items: Sequence[PromptItem], template: str, max_new_tokens: int, batch_size: int = 64) -> list[str]:

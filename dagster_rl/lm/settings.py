@@ -26,7 +26,13 @@ class LoRASettings(Strict):
 
 class PolicySettings(Strict):
     base_model: str = Field(description="a local model folder or a hub id (read offline when HF_HUB_OFFLINE=1)")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="of the base model; the adapter and its optimizer stay float32")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        exclude=True,  # where a policy runs is not part of what it computes: no key or hash holds it
+        description="auto: cuda when this process sees a GPU, else cpu. Not in any cache key: a run resumed on "
+        "another device reuses every stored step (numbers agree to float rounding across devices)",
+    )
     lora: LoRASettings = LoRASettings()
 
 
@@ -45,6 +51,9 @@ class GRPOLMSettings(Strict):
     adam_eps: float = Field(1e-8, gt=0.0)
     max_grad_norm: float = Field(1.0, gt=0.0)
     advantage_eps: float = Field(1e-4, gt=0.0)
+    micro_batch_tokens: int = Field(
+        4096, ge=1, description="padded tokens (rows x longest sequence) per forward and backward of the trainer; bounds its memory"
+    )
 
 
 class LMRubric(Strict):
