@@ -13,6 +13,8 @@ The initial policy (version 0, no checkpoint) equals the base: LoRA B starts at 
 """
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +53,23 @@ class Policy:
     def trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
         """The adapter's parameters, in a fixed order (the optimizer's order)."""
         return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+
+    def mode(self, training: bool) -> PeftModel:
+        """The model in train or eval mode; a no-op when it is in it already (a switch walks every module)."""
+        if self.model.training != training:
+            self.model.train(training)
+        return self.model
+
+    @contextmanager
+    def adapter_disabled(self) -> Iterator[PeftModel]:
+        """The base model: the adapter's layers off until the block ends. (PEFT's `disable_adapter()`
+        does the same plus a status walk of the whole model each time, several times the cost of a
+        forward of a small model.)"""
+        self.model.base_model.disable_adapter_layers()
+        try:
+            yield self.model
+        finally:
+            self.model.base_model.enable_adapter_layers()
 
 
 def load_base(base_model: str, dtype: str = "float32") -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:

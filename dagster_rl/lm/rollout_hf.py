@@ -23,7 +23,7 @@ def generate_rollouts(
 ) -> list[LMRollout]:
     """Sample every request with the policy's current adapter, in batches; sorted by trial id."""
     tok = policy.tokenizer
-    model = policy.model.eval()
+    model = policy.mode(training=False)
     rollouts: list[LMRollout] = []
     encoded: dict[str, list[int]] = {}  # the samples of a group share their prompt's tokens
     for start in range(0, len(requests), batch_size):
@@ -67,6 +67,6 @@ def greedy_completions(policy: Policy, items: Sequence[PromptItem], template: st
     for start in range(0, len(items), batch_size):
         batch = list(items[start : start + batch_size])
         ids = [tok(render(it, template))["input_ids"] for it in batch]
-        gens = generate(policy.model.eval(), ids, [0] * len(batch), greedy, tok.eos_token_id, tok.pad_token_id)
+        gens = generate(policy.mode(training=False), ids, [0] * len(batch), greedy, tok.eos_token_id, tok.pad_token_id)
         texts += [tok.decode(g.completion_ids, skip_special_tokens=True) for g in gens]
     return texts

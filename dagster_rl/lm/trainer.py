@@ -3,7 +3,7 @@
 Each rank holds a shard of the samples (maybe none) and packs it into right-padded micro-batches of
 at most `grpo.micro_batch_tokens` padded tokens (a longer sample is a micro-batch of its own). Per
 micro-batch: the reference log-probs in one no-grad forward (all of them under one
-`disable_adapter()`), the policy's in one forward with grad, the GRPO loss of its samples scaled by
+`Policy.adapter_disabled()`), the policy's in one forward with grad, the GRPO loss of its samples scaled by
 world_size / total_samples, one backward. DDP averages gradients over ranks, so the synchronized
 gradient is (1/N) sum_i grad loss_i over all N samples: the single-process, per-sample gradient up
 to float rounding, whatever the micro-batches. Micro-batch backwards run inside `no_sync()` (local
@@ -144,11 +144,10 @@ def train_step(
     cuda = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed_of("train-step", policy.version))  # LoRA dropout, if any: same on every replay
-        model.train()
+        policy.mode(training=True)  # and left so: whoever samples next sets eval mode
         optimizer.zero_grad(set_to_none=True)
-        # every reference forward under one disable_adapter(): entering and leaving it walks every
-        # module of the model, which costs more than a forward of the tiny model
-        with torch.no_grad(), model.disable_adapter():
+        # every reference forward under one switch of the adapter: a switch walks the whole model
+        with torch.no_grad(), policy.adapter_disabled():
             refs = [packed_logprobs(model, batch) for batch, _, _ in batches]
         with ddp.no_sync() if ddp is not None else nullcontext():
             for (batch, old, adv), ref in zip(batches, refs):
@@ -163,7 +162,6 @@ def train_step(
             (sync.logits.float().sum() * 0.0).backward()  # the one synchronizing backward
             dist.all_reduce(sums)
             dist.all_reduce(max_dev, op=dist.ReduceOp.MAX)
-        model.eval()
     sums, max_dev = sums.cpu(), float(max_dev)
     named = policy.trainable()
     for _, p in named:
