@@ -63,7 +63,7 @@ def test_batched_loss_equals_the_per_sample_loss_row_by_row():
         row = new[i, :n].clone().requires_grad_(True)
         one, st = grpo_sample_loss(row, old[i, :n], ref[i, :n], float(adv[i]), 0.2, 0.3)
         one.backward()
-        assert float(loss.detach()[i]) == pytest.approx(float(one), rel=1e-6, abs=1e-7)
+        assert float(loss.detach()[i]) == pytest.approx(float(one.detach()), rel=1e-6, abs=1e-7)
         assert (float(stats.ratio[i]), float(stats.kl[i]), float(stats.clip_frac[i])) == pytest.approx((st.ratio, st.kl, st.clip_frac), rel=1e-6)
         torch.testing.assert_close(new_b.grad[i, :n], row.grad, rtol=1e-6, atol=1e-8)
         assert torch.all(new_b.grad[i, n:] == 0)  # padding gets no gradient

@@ -154,8 +154,8 @@ def train_step(
                 new = packed_logprobs(forward_model, batch)
                 loss, stats = grpo_batch_loss(new, old, ref, batch.completion_mask, adv, grpo.clip_eps, grpo.kl_beta)
                 (loss.sum() * scale).backward()
-                parts = (loss.detach(), stats.ratio, stats.kl, stats.clip_frac)
-                sums += torch.stack([p.sum().double() for p in parts] + [torch.tensor(float(len(adv)), dtype=torch.float64, device=device)])
+                sums[:4] += torch.stack([x.sum() for x in (loss.detach(), stats.ratio, stats.kl, stats.clip_frac)]).double()
+                sums[4] += len(adv)
                 max_dev = torch.maximum(max_dev, stats.ratio_max_dev.double())
         if ddp is not None:
             sync = ddp(input_ids=torch.tensor([[pad]], device=device), use_cache=False)
