@@ -97,12 +97,16 @@ def _per_sample_gradient(tiny_dir, files, samples):
     return {n: p.grad.clone() for n, p in policy.trainable()}, losses
 
 
-@pytest.mark.parametrize("budget", [1, 64, 10**6], ids=["one-sample-each", "a-few-each", "one-micro-batch"])
-def test_micro_batched_gradient_equals_the_per_sample_gradient(tiny_dir, stale_batch, budget):
+@pytest.mark.parametrize(
+    "budget,checkpointing",
+    [(1, False), (64, False), (10**6, False), (64, True)],
+    ids=["one-sample-each", "a-few-each", "one-micro-batch", "a-few-each-recomputed"],
+)
+def test_micro_batched_gradient_equals_the_per_sample_gradient(tiny_dir, stale_batch, budget, checkpointing):
     files, samples, facts = stale_batch
     expected, per_sample = _per_sample_gradient(tiny_dir, files, samples)
     policy = fresh_policy(tiny_dir, files)
-    grpo = STALE.model_copy(update={"micro_batch_tokens": budget})
+    grpo = STALE.model_copy(update={"micro_batch_tokens": budget, "activation_checkpointing": checkpointing})
     grads = {}
     metrics = train_step(policy, make_optimizer(policy, grpo, files), samples, len(samples), grpo, facts, on_grads=grads.update)
     n_batches = len(micro_batches(samples, budget))
@@ -119,7 +123,8 @@ def test_micro_batched_gradient_equals_the_per_sample_gradient(tiny_dir, stale_b
     assert metrics.clip_frac == pytest.approx(sum(s.clip_frac for s in per_sample) / n, rel=1e-6)
     assert metrics.ratio_max_dev == pytest.approx(max(s.ratio_max_dev for s in per_sample), rel=1e-5)
     assert metrics.kl > 0 and metrics.clip_frac > 0 and metrics.ratio_max_dev > STALE.clip_eps
-    print(f"budget {budget}: {n_batches} micro-batches, max |grad - per-sample grad| {worst:.1e}")
+    assert policy.model.get_base_model().is_activation_checkpointing == checkpointing
+    print(f"budget {budget}, checkpointing {checkpointing}: {n_batches} micro-batches, max |grad - per-sample grad| {worst:.1e}")
 
 
 def test_the_same_plan_trains_the_same_bytes(tiny_dir, stale_batch):

@@ -49,6 +49,7 @@ class Policy:
     tokenizer: PreTrainedTokenizerBase
     version: int
     settings: PolicySettings
+    checkpointing: bool = False  # activation checkpointing of the decoder layers, on or off
 
     def trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
         """The adapter's parameters, in a fixed order (the optimizer's order)."""
@@ -59,6 +60,16 @@ class Policy:
         if self.model.training != training:
             self.model.train(training)
         return self.model
+
+    def activation_checkpointing(self, on: bool) -> None:
+        """Turn recomputation of the decoder layers' activations in the backward on or off."""
+        if self.checkpointing != on:
+            base = self.model.get_base_model()
+            if on:
+                base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                base.activation_checkpointing_disable()
+            self.checkpointing = on
 
     @contextmanager
     def adapter_disabled(self) -> Iterator[PeftModel]:

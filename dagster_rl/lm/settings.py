@@ -52,10 +52,15 @@ class GRPOLMSettings(Strict):
     max_grad_norm: float = Field(1.0, gt=0.0)
     advantage_eps: float = Field(1e-4, gt=0.0)
     micro_batch_tokens: int = Field(
-        1024,
+        512,
         ge=1,
         description="padded tokens (rows x longest sequence) per forward and backward of the trainer: bounds its "
         "activation memory. On the CPU larger ones are no faster; on a GPU with memory to spare raise it (4096-16384)",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="recompute each layer's activations in the backward (TRL's default): a micro-batch keeps the "
+        "inputs of its layers instead of all their activations, for about a third more compute",
     )
 
 

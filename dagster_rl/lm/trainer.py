@@ -145,6 +145,7 @@ def train_step(
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed_of("train-step", policy.version))  # LoRA dropout, if any: same on every replay
         policy.mode(training=True)  # and left so: whoever samples next sets eval mode
+        policy.activation_checkpointing(grpo.activation_checkpointing)
         optimizer.zero_grad(set_to_none=True)
         # every reference forward under one switch of the adapter: a switch walks the whole model
         with torch.no_grad(), policy.adapter_disabled():
