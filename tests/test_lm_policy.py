@@ -125,3 +125,34 @@ def test_generation_recycles_loaded_policies_into_the_bytes_of_fresh_ones(tiny_d
         assert got == HFRollouts().generate(exp, requests, checkpoints[v], prompts.template), v
         assert {r.behavior_version for r in got} == {v}
     assert outcomes[0] != outcomes[1] != outcomes[2]
+
+
+def test_sampling_folds_the_adapter_into_copies_and_puts_the_base_back_bit_for_bit(tiny_dir):
+    policy = fresh_policy(tiny_dir)
+    optimizer = make_optimizer(policy, GRPO)
+    _train(policy, optimizer, step=0)  # LoRA B != 0: the fold changes the weights
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    params = dict(policy.model.named_parameters())
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    policy.mode(training=False)
+    with torch.no_grad():
+        unfolded = policy.model(input_ids=ids).logits
+        with policy.merged() as model:
+            folded = model(input_ids=ids).logits
+            assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters() if "base_layer" in n)
+    assert not torch.equal(folded, unfolded)  # another computation ...
+    torch.testing.assert_close(folded, unfolded, rtol=0, atol=1e-5)  # ... of the same logits
+    after = dict(policy.model.named_parameters())
+    assert after.keys() == before.keys() and all(after[n] is params[n] and torch.equal(after[n], before[n]) for n in before)
+    with torch.no_grad():
+        assert torch.equal(policy.model(input_ids=ids).logits, unfolded)
+    policy.mode(training=True)  # a training model is never folded (dropout, if any, acts on the adapter)
+    with policy.merged() as model:
+        assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    from dagster_rl.lm.policy import load_policy
+    from tests.lm_fixtures import policy_settings
+
+    bf16 = load_policy(policy_settings(tiny_dir).model_copy(update={"dtype": "bfloat16"}), checkpoint_bytes(policy, None))
+    weights = {n: p for n, p in bf16.model.named_parameters()}
+    with bf16.merged() as model:  # bfloat16 would round the delta away: the adapter stays apart
+        assert all(p is weights[n] for n, p in model.named_parameters())

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft.tuners.lora import Linear as LoraLinear
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
@@ -36,6 +37,7 @@ OPTIMIZER = "optimizer.safetensors"
 STATE = "trainer_state.json"
 CHECKPOINT_FILES = (ADAPTER, ADAPTER_CONFIG, OPTIMIZER, STATE)
 FORMAT = 1
+ADAPTER_NAME = "default"  # PEFT's name of the one adapter a policy has
 hf_logging.disable_progress_bar()
 
 
@@ -70,6 +72,32 @@ class Policy:
             else:
                 base.activation_checkpointing_disable()
             self.checkpointing = on
+
+    @contextmanager
+    def merged(self) -> Iterator[PeftModel]:
+        """The model with the adapter folded into new weight tensors, W + scale B A, until the block
+        ends: what sampling runs, a forward without LoRA's small matmuls per layer. The base's own
+        tensors are not touched and are put back after, so training and the reference see the base
+        bit for bit. A float32 base only: in bfloat16 the fold would round the adapter's small delta
+        away, so there the adapter stays apart. Sampled log-probs then differ from the trainer's
+        unfolded forward by float rounding, which the ratio's tolerance covers."""
+        layers = [m for m in self.model.modules() if isinstance(m, LoraLinear) and not m.merged]
+        if self.settings.dtype != "float32" or self.model.training:
+            yield self.model
+            return
+        folded = []
+        try:
+            with torch.no_grad():
+                for layer in layers:
+                    base = layer.get_base_layer()
+                    folded.append((layer, base, base.weight))
+                    base.weight = torch.nn.Parameter(base.weight + layer.get_delta_weight(ADAPTER_NAME), requires_grad=False)
+                    layer.merged_adapters.append(ADAPTER_NAME)
+            yield self.model
+        finally:
+            for layer, base, weight in folded:
+                base.weight = weight
+                layer.merged_adapters.remove(ADAPTER_NAME)
 
     @contextmanager
     def adapter_disabled(self) -> Iterator[PeftModel]:
@@ -210,7 +238,7 @@ def checkpoint_bytes(policy: Policy, optimizer: torch.optim.Optimizer | None) ->
         for p, st in optimizer.state.items():
             for k in ("step", "exp_avg", "exp_avg_sq"):
                 moments[f"{index[id(p)]}::{k}"] = st[k].detach().cpu().contiguous()
-    peft_config = policy.model.peft_config["default"].to_dict()
+    peft_config = policy.model.peft_config[ADAPTER_NAME].to_dict()
     state = {
         "format": FORMAT,
         "version": policy.version,

@@ -2,7 +2,7 @@
 
 A rollout records what the trainer needs and nothing it must recompute: the prompt and completion
 token ids, the behavior log-probability of every completion token as the sampler drew it (see
-`logprobs`), the adapter version that sampled it, its trial id and seed. Trial (step, p, n) is
+`logprobs`; the sampler runs the policy with its adapter folded in, `Policy.merged`), the adapter version that sampled it, its trial id and seed. Trial (step, p, n) is
 seeded by seed_of(experiment seed, step, p, n): a retried rollout draws the same uniforms whatever
 batch it lands in, so it samples the same tokens wherever the logits agree; its log-probs, from a
 batched decode, agree with another batch's to float rounding. The same requests in the same
@@ -12,7 +12,7 @@ batches give the same bytes.
 from collections.abc import Sequence
 
 from dagster_rl.lm.policy import Policy
-from dagster_rl.lm.sampling import generate
+from dagster_rl.lm.sampling import Generation, generate
 from dagster_rl.lm.settings import SamplingSettings
 from dagster_rl.lm.records import LMRollout, RolloutRequest
 from dagster_rl.lm.prompts import PromptItem, render
@@ -25,34 +25,36 @@ def generate_rollouts(
     forward per token for a whole batch: its Python overhead is what small batches pay for); sorted
     by trial id."""
     tok = policy.tokenizer
-    model = policy.mode(training=False)
+    policy.mode(training=False)
     rollouts: list[LMRollout] = []
     encoded: dict[str, list[int]] = {}  # the samples of a group share their prompt's tokens
-    for start in range(0, len(requests), batch_size):
-        batch = list(requests[start : start + batch_size])
-        prompt_ids = [_encode(tok, render(r.item, template), encoded) for r in batch]
-        gens = generate(model, prompt_ids, [r.seed for r in batch], sampling, tok.eos_token_id, tok.pad_token_id)
-        for r, ids, g in zip(batch, prompt_ids, gens):
-            rollouts.append(
-                LMRollout(
-                    trial_id=r.trial_id,
-                    step=r.step,
-                    prompt=r.prompt,
-                    sample=r.sample,
-                    prompt_id=r.item.id,
-                    reference=r.item.reference,
-                    seed=r.seed,
-                    prompt_token_ids=ids,
-                    completion_token_ids=g.completion_ids,
-                    completion_text=tok.decode(g.completion_ids, skip_special_tokens=True),
-                    sampling_logprobs=g.logprobs,
-                    finish_reason=g.finish_reason,
-                    temperature=sampling.temperature,
-                    top_p=sampling.top_p,
-                    behavior_version=policy.version,
-                )
-            )
+    with policy.merged() as model:
+        for start in range(0, len(requests), batch_size):
+            batch = list(requests[start : start + batch_size])
+            prompt_ids = [_encode(tok, render(r.item, template), encoded) for r in batch]
+            gens = generate(model, prompt_ids, [r.seed for r in batch], sampling, tok.eos_token_id, tok.pad_token_id)
+            rollouts += [_rollout(policy, r, ids, g, sampling) for r, ids, g in zip(batch, prompt_ids, gens)]
     return sorted(rollouts, key=lambda r: r.trial_id)
+
+
+def _rollout(policy: Policy, r: RolloutRequest, ids: list[int], g: Generation, sampling: SamplingSettings) -> LMRollout:
+    return LMRollout(
+        trial_id=r.trial_id,
+        step=r.step,
+        prompt=r.prompt,
+        sample=r.sample,
+        prompt_id=r.item.id,
+        reference=r.item.reference,
+        seed=r.seed,
+        prompt_token_ids=ids,
+        completion_token_ids=g.completion_ids,
+        completion_text=policy.tokenizer.decode(g.completion_ids, skip_special_tokens=True),
+        sampling_logprobs=g.logprobs,
+        finish_reason=g.finish_reason,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        behavior_version=policy.version,
+    )
 
 
 def _encode(tok, text: str, encoded: dict[str, list[int]]) -> list[int]:
@@ -66,9 +68,11 @@ def greedy_completions(policy: Policy, items: Sequence[PromptItem], template: st
     tok = policy.tokenizer
     greedy = SamplingSettings(temperature=0.0, max_new_tokens=max_new_tokens)
     texts: list[str] = []
-    for start in range(0, len(items), batch_size):
-        batch = list(items[start : start + batch_size])
-        ids = [tok(render(it, template))["input_ids"] for it in batch]
-        gens = generate(policy.mode(training=False), ids, [0] * len(batch), greedy, tok.eos_token_id, tok.pad_token_id)
-        texts += [tok.decode(g.completion_ids, skip_special_tokens=True) for g in gens]
+    policy.mode(training=False)
+    with policy.merged() as model:
+        for start in range(0, len(items), batch_size):
+            batch = list(items[start : start + batch_size])
+            ids = [tok(render(it, template))["input_ids"] for it in batch]
+            gens = generate(model, ids, [0] * len(batch), greedy, tok.eos_token_id, tok.pad_token_id)
+            texts += [tok.decode(g.completion_ids, skip_special_tokens=True) for g in gens]
     return texts
