@@ -83,8 +83,10 @@ def test_two_pods_of_torchrun_train_the_step_the_in_process_trainer_trains(lab, 
     # near-zero gradients into visible ones (measured: 0.56% of the update's norm)
     ours, ref = two.latest("tiny_grpo", "weights", "0000"), single.latest("tiny_grpo", "weights", "0000")
     assert ours["mean_reward"] == ref["mean_reward"] and ours["weights_version"] == ref["weights_version"] == 1
-    for name in ("loss", "ratio", "kl", "grad_norm", "samples_used"):
+    for name in ("ratio", "kl", "grad_norm", "samples_used"):
         assert ours[name] == pytest.approx(ref[name], rel=1e-6, abs=1e-9), name
+    # on-policy the loss is sum_i A_i r_i with sum_i A_i = 0 per group: rounding of the ratios around 1 alone
+    assert abs(ours["loss"]) < 1e-6 and abs(ref["loss"]) < 1e-6
     a, b = adapter(two, ours), adapter(single, ref)
     exp = single.experiments["tiny_grpo"]
     start = load_safetensors(single.store().get("weights", LMLoop().initial_weights(exp, single.store()).ref.key, ADAPTER))

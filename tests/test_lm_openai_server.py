@@ -189,8 +189,18 @@ def test_a_crash_mid_range_resumes_with_the_behavior_version_on_the_server_that_
     assert [crashy.latest("tiny_grpo", "weights", s)["weights_version"] for s in ("0001", "0002")] == [2, 3]
     served_now = {c["id"]: c["root"] for c in server.client.models() if c["parent"]}
     assert served_now == {"tiny_grpo-v2": weights_dir + key["0001"]}  # older versions unloaded
+    # The server batches whatever requests arrive together, so log-probs agree with the clean run's to
+    # float rounding, not bit for bit (README, numerics): the same tokens and rewards at every step;
+    # step 0's update to float rounding. Later steps start from weights that Adam moved by up to the
+    # learning rate where a gradient is rounding-sized, so their numbers agree to about 1%.
     for step in steps:
-        assert crashy.latest("tiny_grpo", "weights", step)["content_hash"] == clean.latest("tiny_grpo", "weights", step)["content_hash"], step
+        ours, theirs = rollouts_of(crashy, "tiny_grpo", step), rollouts_of(clean, "tiny_grpo", step)
+        assert [t.completion_token_ids for t in ours.trajectories] == [t.completion_token_ids for t in theirs.trajectories], step
+        ours, theirs = crashy.latest("tiny_grpo", "weights", step), clean.latest("tiny_grpo", "weights", step)
+        assert ours["mean_reward"] == theirs["mean_reward"], step
+        for name in ("loss", "ratio", "kl", "grad_norm"):
+            rel = 1e-4 if step == "0000" else 2e-2
+            assert ours[name] == pytest.approx(theirs[name], rel=rel, abs=1e-7), (step, name)
 
 
 def test_a_server_of_another_base_model_is_refused_with_what_to_do(server, tmp_path):

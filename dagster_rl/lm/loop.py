@@ -31,9 +31,9 @@ from dagster_rl.task import Backends, StepAsset, StepResult, Warn, Weights
 
 CODE_VERSIONS = {
     "initial": "lora-init-1",
-    "rollouts": "hf-rollouts-1",
+    "rollouts": "hf-rollouts-2",  # 2: behavior log-probs recorded by the sampler
     "rewards": "lm-rubric-1",
-    "weights": "grpo-lora-1",
+    "weights": "grpo-lora-2",  # 2: packed micro-batches
     "evaluation": "greedy-eval-1",
 }
 Checkpoint = dict[str, bytes]  # file name -> bytes: adapter, its config, optimizer state, version
@@ -217,7 +217,7 @@ class LMLoop:
             trials_executed=gen.trials,
             judge_calls=gen.judge_calls,
             metrics={
-                **{k: stats.metrics[k] for k in ("loss", "ratio", "kl", "clip_frac", "grad_norm", "samples_used", "groups_with_signal")},
+                **{k: stats.metrics[k] for k in ("loss", "ratio", "ratio_max_dev", "kl", "clip_frac", "grad_norm", "samples_used", "groups_with_signal")},
                 "policy_lag": float(previous.version - int(gen.rollouts.behavior_policy["version"])),
                 "mean_completion_tokens": mean([float(tokens[r.trial_id]) for r in rewards]),
             },

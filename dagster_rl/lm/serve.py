@@ -8,9 +8,10 @@ OpenAI-compatible API the `openai_server` rollout backend uses, with vLLM's fiel
     POST /v1/unload_lora_adapter    {lora_name}
 
 Completions sample exactly as the `hf` rollout backend does (`sampling.generate`: one seeded
-generator per request; `logprobs.completion_logprobs`: log softmax(logits / temperature) of each
-sampled token before top-p, as vLLM's `--logprobs-mode processed_logprobs` with top_p 1), so a
-rollout generated through this server equals the `hf` engine's token for token. Concurrent requests
+generator per request, and the sampler's own log softmax(logits / temperature) of each sampled
+token before top-p, as vLLM's `--logprobs-mode processed_logprobs` with top_p 1), so a rollout
+generated through this server equals the `hf` engine's token for token (log-probs to float
+rounding: the engine folds the adapter into the weights, the server applies it per layer). Concurrent requests
 are batched (`Batcher`); adapters are PEFT adapters of one base model, switched per batch.
 
 Limits: one choice per request (n = 1), no streaming, no echo, `logprobs` 0 only (the sampled token).
@@ -32,7 +33,6 @@ from typing import Any
 import torch
 from peft import PeftModel
 
-from dagster_rl.lm.logprobs import completion_logprobs
 from dagster_rl.lm.policy import ADAPTER, ADAPTER_CONFIG, load_base
 from dagster_rl.lm.sampling import generate
 from dagster_rl.lm.settings import SamplingSettings
@@ -197,14 +197,7 @@ class Engine:
                 self.check_model(first.model)
             model = self._select(first.model)
             gens = generate(model, [r.prompt_ids for r in batch], [r.seed for r in batch], sampling, tok.eos_token_id, tok.pad_token_id)
-            logps: dict[tuple, list[float]] = {}
-            results = []
-            for r, g in zip(batch, gens):
-                key = (tuple(r.prompt_ids), tuple(g.completion_ids))
-                if key not in logps:
-                    logps[key] = completion_logprobs(model, r.prompt_ids, g.completion_ids, sampling.temperature).tolist()
-                results.append(CompletionResult(list(g.completion_ids), list(logps[key]), g.finish_reason))
-        return results
+        return [CompletionResult(list(g.completion_ids), list(g.logprobs), g.finish_reason) for g in gens]
 
     def _select(self, name: str) -> torch.nn.Module:
         if name in self.adapters:

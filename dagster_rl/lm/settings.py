@@ -26,7 +26,13 @@ class LoRASettings(Strict):
 
 class PolicySettings(Strict):
     base_model: str = Field(description="a local model folder or a hub id (read offline when HF_HUB_OFFLINE=1)")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="of the base model; the adapter and its optimizer stay float32")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        exclude=True,  # where a policy runs is not part of what it computes: no key or hash holds it
+        description="auto: cuda when this process sees a GPU, else cpu. Not in any cache key: a run resumed on "
+        "another device reuses every stored step (numbers agree to float rounding across devices)",
+    )
     lora: LoRASettings = LoRASettings()
 
 
@@ -45,6 +51,18 @@ class GRPOLMSettings(Strict):
     adam_eps: float = Field(1e-8, gt=0.0)
     max_grad_norm: float = Field(1.0, gt=0.0)
     advantage_eps: float = Field(1e-4, gt=0.0)
+    micro_batch_tokens: int = Field(
+        1024,
+        ge=1,
+        description="padded tokens (rows x longest sequence) per forward and backward of the trainer: bounds its "
+        "activation memory; each costs a fixed overhead (the Python of two forwards and a backward). On a GPU with "
+        "memory to spare raise it (4096-16384)",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="recompute each layer's activations in the backward (TRL's default): a micro-batch keeps the "
+        "inputs of its layers instead of all their activations, for about a third more compute",
+    )
 
 
 class LMRubric(Strict):
