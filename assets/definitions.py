@@ -1,17 +1,16 @@
-"""The code location: every experiment in `experiments/` becomes an asset group and a train job."""
+"""The code location: every valid experiment in `experiments/` becomes an asset group and a train job
+(invalid files are reported, see `assets.experiments`)."""
 
 import os
-from pathlib import Path
+import warnings
 
 from dagster import AssetSelection, Definitions, EnvVar, define_asset_job
 
+from assets.concurrency import experiment_executor
 from assets.driver import build_driver
+from assets.experiments import problems, read
 from dagster_rl.experiment import Experiment
-from dagster_rl.experiment_files import load_experiments
 from resources import ArtifactStoreResource, JudgeEnvironment, PipesTorchrunLauncher, RolloutEnvironment, TrainerEnvironment
-
-DEFAULT_EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
-
 
 JUDGE_URL, JUDGE_MODEL, JUDGE_API_KEY = "DAGSTER_RL_JUDGE_URL", "DAGSTER_RL_JUDGE_MODEL", "DAGSTER_RL_JUDGE_API_KEY"
 
@@ -59,7 +58,19 @@ def build_definitions(experiments: dict[str, Experiment], resources: dict | None
     ]
     resources = dict(resources or {})
     store = resources.get("artifact_store") or ArtifactStoreResource()
-    return Definitions(assets=list(drivers.values()), jobs=jobs, resources={**default_resources(store), **resources})
+    return Definitions(
+        assets=list(drivers.values()),
+        jobs=jobs,
+        resources={**default_resources(store), **resources},
+        executor=experiment_executor,  # the multiprocess executor; one run of an experiment at a time
+    )
 
 
-defs = build_definitions(load_experiments(Path(os.environ.get("DAGSTER_RL_EXPERIMENTS", DEFAULT_EXPERIMENTS))))
+def _valid_experiments() -> dict[str, Experiment]:
+    files = read()
+    if files.errors:  # the `experiment_files` code location shows them in the UI
+        warnings.warn(problems(files), stacklevel=2)
+    return files.experiments
+
+
+defs = build_definitions(_valid_experiments())
