@@ -32,6 +32,7 @@ from dagster import DagsterRunStatus, Executor, RunsFilter, executor, multiple_p
 from dagster._core.events import DagsterEvent
 from dagster._core.storage.dagster_run import DagsterRun
 
+from assets.console import CONSOLE
 from resources.run_launcher import kill_and_wait, leftover_processes, process_alive, process_started_at
 
 POOL_PREFIX = "dagster_rl/"
@@ -140,7 +141,7 @@ class ExperimentExecutor(Executor):
             while True:
                 for pool in pools:
                     for message in look_at_holders(instance, pool, pool[len(POOL_PREFIX) :], run, seen):
-                        instance.report_engine_event(message, run)
+                        plan_context.log.info(message, extra=CONSOLE)  # the run's log, and the console
                 infos = [instance.event_log_storage.get_concurrency_info(p) for p in pools]
                 if all(run.run_id in i.active_run_ids for i in infos) or stop.wait(WATCH_EVERY_S):
                     return

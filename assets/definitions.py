@@ -7,6 +7,7 @@ import warnings
 from dagster import AssetSelection, Definitions, EnvVar, define_asset_job
 
 from assets.concurrency import experiment_executor
+from assets.console import concise_console
 from assets.driver import build_driver
 from assets.experiments import problems, read
 from dagster_rl.experiment import Experiment
@@ -63,6 +64,7 @@ def build_definitions(experiments: dict[str, Experiment], resources: dict | None
         jobs=jobs,
         resources={**default_resources(store), **resources},
         executor=experiment_executor,  # the multiprocess executor; one run of an experiment at a time
+        loggers={"console": concise_console},  # a line per step on the terminal; the full log stays in the run
     )
 
 

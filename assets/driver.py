@@ -32,6 +32,7 @@ from dagster import (
 )
 
 from assets.concurrency import experiment_pool
+from assets.console import CONSOLE
 from assets.predecessor import starting_weights
 from dagster_rl.checks import CHECK_NAMES
 from dagster_rl.errors import CheckFailedError, DagsterRLError, SimulatedCrash
@@ -214,14 +215,14 @@ def _drive(
     progress = Progress()
     backends = Backends(rollout.backend_for(exp), judge.backend_for(exp), trainer.backend_for(exp, context), progress)
     began = time.monotonic()
-    with reporting(progress, context.log.info, PROGRESS_EVERY_S):
+    with reporting(progress, lambda line: context.log.info(line, extra=CONSOLE), PROGRESS_EVERY_S):
         for result in loop.iter_steps(exp, steps, start, store, backends, context.log.warning):
             if isinstance(result, StepAsset):
                 if AssetKey([exp.name, result.asset]) in context.selected_asset_keys:
                     yield _step_asset_materialization(exp, result, info)
                 continue
             step = result.step
-            context.log.info(progress_line(result, time.monotonic() - began))
+            context.log.info(progress_line(result, time.monotonic() - began), extra=CONSOLE)
             began = time.monotonic()
             for asset in CHAIN:
                 if AssetKey([exp.name, asset]) in context.selected_asset_keys:
