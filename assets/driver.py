@@ -154,7 +154,10 @@ def superseded(context: AssetExecutionContext, exp: Experiment, result: StepResu
     if old.get("content_hash") == result.refs[asset].content_hash:
         return {}
     if result.recovered_trials:
-        reason = f"{len(result.recovered_trials)} trial(s) that failed in an earlier attempt of this step now succeeded"
+        reason = (
+            f"trials that failed in an earlier attempt of this step now succeeded ({old.get('n_trials')}/"
+            f"{old.get('n_trials_planned')} usable before, {result.n_trials}/{result.n_trials_planned} now)"
+        )
     elif old.get("training_hash") != exp.training_hash():
         reason = "the experiment's training settings changed"
     else:
