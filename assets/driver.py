@@ -249,11 +249,9 @@ def _range_of(context: AssetExecutionContext, exp: Experiment) -> list[int]:
     steps = sorted(int(k) for k in context.partition_keys)
     if not steps:
         tags = context.run.tags
-        given = f"{tags.get('dagster/asset_partition_range_start', '?')}...{tags.get('dagster/asset_partition_range_end', '?')}"
-        raise DagsterRLError(
-            f"the range {given} of {exp.name} holds no step: a range runs from its first step to its last, "
-            f"e.g. 0003...0005 (steps 0000...{step_key(exp.n_steps - 1)})"
-        )
+        first, last = tags.get("dagster/asset_partition_range_start", "?"), tags.get("dagster/asset_partition_range_end", "?")
+        hint = f"its first step comes after its last: give it as {last}...{first}" if first > last else "give a first and a last step"
+        raise DagsterRLError(f"the range {first}...{last} of {exp.name} holds no step: {hint} (steps 0000...{step_key(exp.n_steps - 1)})")
     if steps != list(range(steps[0], steps[-1] + 1)):
         raise DagsterRLError(f"a run drives a contiguous range of steps; got {[step_key(s) for s in steps]}")
     return steps

@@ -103,7 +103,7 @@ class ArtifactStore:
         self.url = url.rstrip("/")
         self.fs, self.root = fsspec.core.url_to_fs(self.url)
         self.root = self.root.rstrip("/")
-        self._local = isinstance(self.fs, LocalFileSystem)
+        self._local = type(self.fs) is LocalFileSystem  # a subclass may refuse writes: use fsspec's calls
         self.warn: Warn = warn or (lambda message: None)
 
     def _dir(self, kind: str, key: str) -> str:
