@@ -59,7 +59,8 @@ class Lab:
 
     def reopen(self, **resources) -> "Lab":
         """The same home, store and experiments with other resources (a healthy environment, say)."""
-        return open_lab(self.home, self.home / "experiments", artifact_store=self.defs.resources["artifact_store"], **resources)
+        resources.setdefault("artifact_store", self.defs.resources["artifact_store"])
+        return open_lab(self.home, self.home / "experiments", **resources)
 
     def close(self) -> None:
         self.instance.dispose()

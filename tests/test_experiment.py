@@ -24,6 +24,13 @@ def load(tmp_path, *raws):
         ({"rubric": {"tidiness": -1}}, "rubric.tidiness", "greater than or equal to 0"),
         ({"task": {"kind": "chess"}}, "task.kind", "'chess' is not a task kind"),
         ({"temprature": 0.7}, "temprature", "Extra inputs are not permitted"),
+        # finding 6 of issue 10: numbers and sizes are checked at load, not at run time
+        ({"grpo": {"learning_rate": float("inf")}}, "grpo.learning_rate", "Input should be a finite number"),
+        ({"rubric": {"tidiness": float("nan")}}, "rubric.tidiness", "Input should be a finite number"),
+        ({"prompts_per_step": 1_000_000_000}, "prompts_per_step", "less than or equal to 32768"),
+        ({"prompts_per_step": 20_000, "n_samples": 4}, "<root>", "= 80000 trials per step, more than the 65536 a step may plan"),
+        ({"min_trials_per_step": 25}, "<root>", "min_trials_per_step=25 is more than the 24 trials a step plans"),
+        ({"prompts_per_step": 200, "task": {"n_worlds": 1000, "n_docs": 1000}}, "<root>", "200000 documents, more than 100000"),
     ],
 )
 def test_invalid_settings_name_file_field_and_reason(tmp_path, override, field, reason):
@@ -93,3 +100,15 @@ def test_two_files_with_one_name_are_refused(tmp_path):
 
 def test_shipped_experiments_load():
     assert "demo" in load_experiments(REPO / "experiments")
+
+
+def test_a_step_makes_only_the_worlds_it_uses(tmp_path):
+    """finding 6: 1000 worlds of 1000 documents load, and a step makes the 6 its 6 prompts play."""
+    from dagster_rl.secret_search.loop import ensure_worlds, initial_weights
+    from dagster_rl.store import ArtifactStore
+
+    exp = load(tmp_path, demo_settings(task={"n_worlds": 1000, "n_docs": 1000}))["demo"]
+    store = ArtifactStore(f"file://{tmp_path}/store")
+    assert sorted(ensure_worlds(exp, store)) == ["w0", "w1", "w2", "w3", "w4", "w5"]
+    assert len(list((tmp_path / "store" / "worlds").iterdir())) == 6
+    assert sorted(initial_weights(exp, store).payload.doc_prior) == ["w0", "w1", "w2", "w3", "w4", "w5"]
