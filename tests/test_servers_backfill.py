@@ -1,7 +1,8 @@
 """Launching the way users do: a real daemon and webserver, the UI's GraphQL backfill, `dagster job launch`.
 
 Each test waits on the backfill daemon, which looks for new backfills every 30 s (not configurable
-in dagster 1.13), so a backfill test takes about a minute.
+in dagster 1.13), so a backfill test takes about a minute. The experiments folder also holds an
+invalid file: the `experiment_files` code location shows its error, the others are unaffected.
 """
 
 import json
@@ -10,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from assets.concurrency import experiment_pool
 from tests.postgres import postgres_server  # noqa: F401  (fixture)
-from tests.servers import DagsterServers, running_servers
+from tests.servers import FILES_LOCATION, LOCATION, DagsterServers, running_servers, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 CHAIN = ("rollouts", "rewards", "weights")
@@ -31,6 +33,9 @@ def experiments_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("experiments")
     for name in ("ops_ui", "ops_cli"):
         (folder / f"{name}.yaml").write_text(yaml.safe_dump(small_demo(name), sort_keys=False))
+    pool = {**small_demo("ops_pool"), "faults": {"step_delay_s": 4.0}}  # 10 steps: over 40 s of work
+    (folder / "ops_pool.yaml").write_text(yaml.safe_dump(pool, sort_keys=False))
+    (folder / "broken.yaml").write_text(yaml.safe_dump({**small_demo("broken"), "n_samples": 1}, sort_keys=False))
     return folder
 
 
@@ -94,7 +99,7 @@ def test_ui_backfill_of_ten_steps_is_one_ordered_run_sqlite(sqlite_servers):
 def test_job_launch_with_partition_range_is_queued_then_started_by_daemon(sqlite_servers):
     servers, exp = sqlite_servers, "ops_cli"
     tags = {"dagster/asset_partition_range_start": "0000", "dagster/asset_partition_range_end": "0003"}
-    out = servers.cli("job", "launch", "-w", str(servers.workspace), "-j", f"{exp}_train", "--tags", json.dumps(tags))
+    out = servers.cli("job", "launch", "-w", str(servers.workspace), "-l", LOCATION, "-j", f"{exp}_train", "--tags", json.dumps(tags))
     gql = servers.graphql
     runs = gql.wait_for_runs(job_name=f"{exp}_train", count=1, timeout_s=120)
     assert len(runs) == 1
@@ -104,6 +109,62 @@ def test_job_launch_with_partition_range_is_queued_then_started_by_daemon(sqlite
     assert kinds.index("RunEnqueuedEvent") < kinds.index("RunStartingEvent") < kinds.index("RunStartEvent")
     for asset in CHAIN:
         assert gql.materialized_partitions([exp, asset]) == STEPS[:4]
+
+
+def test_a_job_launched_while_a_backfill_of_the_experiment_runs_waits_for_it(sqlite_servers):
+    """Finding 3 of issue 10: `dagster job launch` of steps that a UI backfill of the same experiment
+    is computing. The backfill's run holds the experiment's concurrency pool (limit 1); the queued
+    run stays in the queue (the run coordinator blocks runs whose pool is full) while the pool, as
+    the UI's Concurrency page shows it, names the run holding it; it then runs and finds every step
+    done: the work is done once."""
+    servers, exp = sqlite_servers, "ops_pool"
+    gql = servers.graphql
+    backfill_id = gql.launch_partition_backfill([[exp, a] for a in CHAIN], partition_names=STEPS, title=f"{exp} 0000-0009")
+    wait_until(lambda: "0000" in gql.materialized_partitions([exp, "weights"]), 120, 0.5, lambda: servers.log("daemon")[-2000:])
+    first_id = gql.runs({"dagster/backfill": backfill_id})[0]["runId"]
+    tags = {"dagster/asset_partition_range_start": "0000", "dagster/asset_partition_range_end": "0009"}
+    servers.cli("job", "launch", "-w", str(servers.workspace), "-l", LOCATION, "-j", f"{exp}_train", "--tags", json.dumps(tags))
+    launched = gql.runs(job_name=f"{exp}_train")[0]
+    holders = pool_holders(gql, experiment_pool(exp))
+    # measured: the launch takes 10-20 s of the backfill's 40 s of steps
+    assert gql.runs(run_ids=[first_id])[0]["status"] == "STARTED", "the backfill's run ended before the launch: no overlap to test"
+    assert launched["status"] == "QUEUED" and holders == [first_id], (launched["status"], holders)
+    first = gql.wait_for_runs({"dagster/backfill": backfill_id}, count=1, timeout_s=240)[0]
+    second = gql.wait_for_runs(job_name=f"{exp}_train", count=1, timeout_s=240)[0]
+    assert first["status"] == second["status"] == "SUCCESS", servers.log("daemon")[-3000:]
+    assert second["startTime"] >= first["endTime"], "the launched run started once the backfill's run had ended"
+
+    from dagster import AssetKey
+
+    with servers.instance() as instance:
+        records = instance.fetch_materializations(AssetKey([exp, "weights"]), limit=100, ascending=True).records
+    by_run: dict[str, list] = {}
+    for r in records:
+        md = r.asset_materialization.metadata
+        by_run.setdefault(r.run_id, []).append((r.asset_materialization.partition, md["cache"].value, md["trials_executed"].value))
+    assert by_run[first["runId"]] == [(s, "miss", 16) for s in STEPS]  # computed once ...
+    assert by_run[second["runId"]] == [(s, "hit", 0) for s in STEPS]  # ... and found done by the run that waited
+
+
+def pool_holders(gql, pool: str) -> list[str]:
+    """The runs holding a slot of `pool`: what the UI's Concurrency page lists."""
+    data = gql.query(
+        "query Pool($key: String) { instance { concurrencyLimit(concurrencyKey: $key) { claimedSlots { runId } } } }", key=pool
+    )
+    return [s["runId"] for s in data["instance"]["concurrencyLimit"]["claimedSlots"]]
+
+
+def test_an_invalid_experiment_file_is_a_code_location_problem_and_the_others_work(sqlite_servers):
+    """Finding 7 of issue 10: one invalid file no longer makes every experiment unusable."""
+    gql = sqlite_servers.graphql
+    entry = wait_until(lambda: (e := gql.code_location(FILES_LOCATION))["loadStatus"] == "LOADED" and e, 60, 0.5)
+    error = entry["locationOrLoadError"]
+    assert error["__typename"] == "PythonError"
+    shown = "\n".join([error["message"], *(c["message"] for c in error["causes"])])  # what the UI's error dialog shows
+    assert "1 invalid experiment file (skipped; the valid experiments are unaffected)" in shown
+    assert "broken.yaml: invalid experiment: field 'n_samples': Value error, GRPO normalizes rewards" in shown
+    assert gql.code_location(LOCATION)["locationOrLoadError"]["__typename"] != "PythonError"
+    assert gql.partition_statuses(["ops_ui", "weights"]) is not None  # the valid experiments are served
 
 
 def test_ui_backfill_of_ten_steps_is_one_ordered_run_postgres(postgres_server, experiments_dir, tmp_path):  # noqa: F811
