@@ -128,7 +128,7 @@ class ExperimentExecutor(Executor):
         instance, run = plan_context.instance, plan_context.dagster_run
         steps = [execution_plan.get_step_by_key(k) for k in execution_plan.step_keys_to_execute]
         pools = sorted({s.pool for s in steps if s.pool and s.pool.startswith(POOL_PREFIX)})
-        if not pools:
+        if not pools or not instance.event_log_storage.supports_global_concurrency_limits:
             yield from self._inner.execute(plan_context, execution_plan)
             return
         tags = {PROCESS_TAG: this_process(), EXPERIMENT_TAG: ",".join(p[len(POOL_PREFIX) :] for p in pools)}
@@ -139,11 +139,16 @@ class ExperimentExecutor(Executor):
 
         def watch() -> None:  # until this run holds its pools' slots, or ends
             while True:
-                for pool in pools:
-                    for message in look_at_holders(instance, pool, pool[len(POOL_PREFIX) :], run, seen):
-                        plan_context.log.info(message, extra=CONSOLE)  # the run's log, and the console
-                infos = [instance.event_log_storage.get_concurrency_info(p) for p in pools]
-                if all(run.run_id in i.active_run_ids for i in infos) or stop.wait(WATCH_EVERY_S):
+                try:
+                    for pool in pools:
+                        for message in look_at_holders(instance, pool, pool[len(POOL_PREFIX) :], run, seen):
+                            plan_context.log.info(message, extra=CONSOLE)  # the run's log, and the console
+                    infos = [instance.event_log_storage.get_concurrency_info(p) for p in pools]
+                    if all(run.run_id in i.active_run_ids for i in infos):
+                        return
+                except Exception as e:  # noqa: BLE001 - the watch is a help, never the run's failure
+                    plan_context.log.warning(f"could not look at the runs holding pool(s) {pools}: {e!r}")
+                if stop.wait(WATCH_EVERY_S):
                     return
 
         watcher = threading.Thread(target=watch, name="dagster-rl-pool-watch", daemon=True)
