@@ -6,6 +6,7 @@ invalid file: the `experiment_files` code location shows its error, the others a
 """
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import yaml
 
 from assets.concurrency import experiment_pool
 from tests.postgres import postgres_server  # noqa: F401  (fixture)
-from tests.servers import FILES_LOCATION, LOCATION, DagsterServers, running_servers, wait_until
+from tests.servers import FILES_LOCATION, LOCATION, DagsterServers, executable, running_servers, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 CHAIN = ("rollouts", "rewards", "weights")
@@ -111,28 +112,39 @@ def test_job_launch_with_partition_range_is_queued_then_started_by_daemon(sqlite
         assert gql.materialized_partitions([exp, asset]) == STEPS[:4]
 
 
-def test_a_job_launched_while_a_backfill_of_the_experiment_runs_waits_for_it(sqlite_servers):
-    """Finding 3 of issue 10: `dagster job launch` of steps that a UI backfill of the same experiment
-    is computing. The backfill's run holds the experiment's concurrency pool (limit 1); the queued
-    run stays in the queue (the run coordinator blocks runs whose pool is full) while the pool, as
-    the UI's Concurrency page shows it, names the run holding it; it then runs and finds every step
-    done: the work is done once."""
+def test_a_backfill_and_a_job_launch_of_one_experiment_compute_its_steps_once(sqlite_servers):
+    """Finding 3 of issue 10: a UI backfill and a `dagster job launch` of the same steps, launched at
+    once. Whichever run comes second waits for the first: in the queue, while the pool (as the UI's
+    Concurrency page shows it) names the run holding it, or, when it left the queue before the pool
+    had its limit, at its step, its log naming that run. It then finds every step done."""
     servers, exp = sqlite_servers, "ops_pool"
     gql = servers.graphql
-    backfill_id = gql.launch_partition_backfill([[exp, a] for a in CHAIN], partition_names=STEPS, title=f"{exp} 0000-0009")
-    wait_until(lambda: "0000" in gql.materialized_partitions([exp, "weights"]), 120, 0.5, lambda: servers.log("daemon")[-2000:])
-    first_id = gql.runs({"dagster/backfill": backfill_id})[0]["runId"]
     tags = {"dagster/asset_partition_range_start": "0000", "dagster/asset_partition_range_end": "0009"}
-    servers.cli("job", "launch", "-w", str(servers.workspace), "-l", LOCATION, "-j", f"{exp}_train", "--tags", json.dumps(tags))
-    launched = gql.runs(job_name=f"{exp}_train")[0]
-    holders = pool_holders(gql, experiment_pool(exp))
-    # measured: the launch takes 10-20 s of the backfill's 40 s of steps
-    assert gql.runs(run_ids=[first_id])[0]["status"] == "STARTED", "the backfill's run ended before the launch: no overlap to test"
-    assert launched["status"] == "QUEUED" and holders == [first_id], (launched["status"], holders)
-    first = gql.wait_for_runs({"dagster/backfill": backfill_id}, count=1, timeout_s=240)[0]
-    second = gql.wait_for_runs(job_name=f"{exp}_train", count=1, timeout_s=240)[0]
+    argv = [executable("dagster"), "job", "launch", "-w", str(servers.workspace), "-l", LOCATION, "-j", f"{exp}_train"]
+    launching = subprocess.Popen(
+        [*argv, "--tags", json.dumps(tags)], env=servers.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    backfill_id = gql.launch_partition_backfill([[exp, a] for a in CHAIN], partition_names=STEPS, title=f"{exp} 0000-0009")
+    out, _ = launching.communicate(timeout=180)
+    assert launching.returncode == 0, out
+
+    seen = []  # (status by run id, pool holders), while the runs go
+
+    def both_done():
+        runs = gql.runs({"dagster/backfill": backfill_id}) + gql.runs(job_name=f"{exp}_train")
+        seen.append(({r["runId"]: r["status"] for r in runs}, pool_holders(gql, experiment_pool(exp))))
+        return len(runs) == 2 and all(r["status"] in ("SUCCESS", "FAILURE", "CANCELED") for r in runs) and runs
+
+    runs = wait_until(both_done, 300, 0.5, lambda: str(seen[-1:]))
+    first, second = sorted(runs, key=lambda r: r["startTime"])
     assert first["status"] == second["status"] == "SUCCESS", servers.log("daemon")[-3000:]
-    assert second["startTime"] >= first["endTime"], "the launched run started once the backfill's run had ended"
+    assert second["creationTime"] < first["endTime"], "the second run was launched while the first ran (else: nothing to test)"
+    print(f"the second run ({second['jobName']}) waited {'at its step' if second['startTime'] < first['endTime'] else 'in the queue'}")
+    if second["startTime"] < first["endTime"]:  # left the queue before the pool had a limit: it waited at its step
+        messages = [e["message"] for e in gql.run_events(second["runId"], {"LogMessageEvent"})]
+        assert any(f"Run {first['runId']} of experiment {exp}" in m and "this run waits for it" in m for m in messages), messages
+    else:  # it waited in the queue, and the pool named the run holding it
+        assert any(st.get(second["runId"]) == "QUEUED" and holders == [first["runId"]] for st, holders in seen), seen
 
     from dagster import AssetKey
 
@@ -144,6 +156,7 @@ def test_a_job_launched_while_a_backfill_of_the_experiment_runs_waits_for_it(sql
         by_run.setdefault(r.run_id, []).append((r.asset_materialization.partition, md["cache"].value, md["trials_executed"].value))
     assert by_run[first["runId"]] == [(s, "miss", 16) for s in STEPS]  # computed once ...
     assert by_run[second["runId"]] == [(s, "hit", 0) for s in STEPS]  # ... and found done by the run that waited
+    assert [r.run_id for r in records].index(second["runId"]) == N_STEPS, "no step of the second run before the first's last"
 
 
 def pool_holders(gql, pool: str) -> list[str]:
