@@ -135,9 +135,20 @@ def test_a_backfill_and_a_job_launch_of_one_experiment_compute_its_steps_once(sq
         seen.append(({r["runId"]: r["status"] for r in runs}, pool_holders(gql, experiment_pool(exp))))
         return len(runs) == 2 and all(r["status"] in ("SUCCESS", "FAILURE", "CANCELED") for r in runs) and runs
 
-    runs = wait_until(both_done, 300, 0.5, lambda: str(seen[-1:]))
-    first, second = sorted(runs, key=lambda r: r["startTime"])
-    assert first["status"] == second["status"] == "SUCCESS", servers.log("daemon")[-3000:]
+    runs = {r["runId"]: r for r in wait_until(both_done, 300, 0.5, lambda: str(seen[-1:]))}
+    assert [r["status"] for r in runs.values()] == ["SUCCESS", "SUCCESS"], servers.log("daemon")[-3000:]
+    from dagster import AssetKey
+
+    with servers.instance() as instance:
+        records = instance.fetch_materializations(AssetKey([exp, "weights"]), limit=100, ascending=True).records
+    by_run: dict[str, list] = {}
+    for r in records:  # in the order they were recorded: the run that held the pool first comes first
+        md = r.asset_materialization.metadata
+        by_run.setdefault(r.run_id, []).append((r.asset_materialization.partition, md["cache"].value, md["trials_executed"].value))
+    first, second = (runs[run_id] for run_id in by_run)
+    assert by_run[first["runId"]] == [(s, "miss", 16) for s in STEPS]  # computed once ...
+    assert by_run[second["runId"]] == [(s, "hit", 0) for s in STEPS]  # ... and found done by the run that waited
+    assert [r.run_id for r in records].index(second["runId"]) == N_STEPS, "no step of the second run before the first's last"
     assert second["creationTime"] < first["endTime"], "the second run was launched while the first ran (else: nothing to test)"
     print(f"the second run ({second['jobName']}) waited {'at its step' if second['startTime'] < first['endTime'] else 'in the queue'}")
     if second["startTime"] < first["endTime"]:  # left the queue before the pool had a limit: it waited at its step
@@ -145,18 +156,6 @@ def test_a_backfill_and_a_job_launch_of_one_experiment_compute_its_steps_once(sq
         assert any(f"Run {first['runId']} of experiment {exp}" in m and "this run waits for it" in m for m in messages), messages
     else:  # it waited in the queue, and the pool named the run holding it
         assert any(st.get(second["runId"]) == "QUEUED" and holders == [first["runId"]] for st, holders in seen), seen
-
-    from dagster import AssetKey
-
-    with servers.instance() as instance:
-        records = instance.fetch_materializations(AssetKey([exp, "weights"]), limit=100, ascending=True).records
-    by_run: dict[str, list] = {}
-    for r in records:
-        md = r.asset_materialization.metadata
-        by_run.setdefault(r.run_id, []).append((r.asset_materialization.partition, md["cache"].value, md["trials_executed"].value))
-    assert by_run[first["runId"]] == [(s, "miss", 16) for s in STEPS]  # computed once ...
-    assert by_run[second["runId"]] == [(s, "hit", 0) for s in STEPS]  # ... and found done by the run that waited
-    assert [r.run_id for r in records].index(second["runId"]) == N_STEPS, "no step of the second run before the first's last"
 
 
 def pool_holders(gql, pool: str) -> list[str]:
