@@ -34,7 +34,8 @@ def experiments_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("experiments")
     for name in ("ops_ui", "ops_cli"):
         (folder / f"{name}.yaml").write_text(yaml.safe_dump(small_demo(name), sort_keys=False))
-    pool = {**small_demo("ops_pool"), "faults": {"step_delay_s": 4.0}}  # 10 steps: over 40 s of work
+    # 10 steps: over 40 s of work; its own seed, or its keys would be those of ops_ui's steps (cache hits)
+    pool = {**small_demo("ops_pool"), "seed": 7, "faults": {"step_delay_s": 4.0}}
     (folder / "ops_pool.yaml").write_text(yaml.safe_dump(pool, sort_keys=False))
     (folder / "broken.yaml").write_text(yaml.safe_dump({**small_demo("broken"), "n_samples": 1}, sort_keys=False))
     return folder
