@@ -21,6 +21,7 @@ import os
 from dagster import EnvVar, ExecutorDefinition
 from dagster_k8s import k8s_job_executor
 
+from assets.concurrency import experiment_executor
 from resources import PipesK8sJobLauncher, PipesTorchrunLauncher, RolloutEnvironment, TrainerEnvironment
 
 ARTIFACTS = "DAGSTER_RL_ARTIFACTS"
@@ -62,10 +63,12 @@ def trainer_environment() -> TrainerEnvironment:
     return TrainerEnvironment(launcher=PipesTorchrunLauncher(), k8s=k8s, timeout_s=4 * 3600.0)
 
 
-def executor() -> ExecutorDefinition | None:
+def executor() -> ExecutorDefinition:
     """k8s_job_executor when DAGSTER_RL_EXECUTOR=k8s: the driver's step runs in its own small pod,
-    shaped by the experiment's `driver_pod` (the op's `dagster-k8s/config` tag); else Dagster's default."""
+    shaped by the experiment's `driver_pod` (the op's `dagster-k8s/config` tag); else the multiprocess
+    executor that also watches each experiment's pool (`assets.concurrency`). Either way the driver
+    is in its experiment's pool: one run of an experiment at a time."""
     value = os.environ.get(EXECUTOR, "")
     if value not in ("", "k8s", "in_process"):
         raise ValueError(f"{EXECUTOR}={value!r}: use k8s, or leave it unset")
-    return k8s_job_executor if value == "k8s" else None
+    return k8s_job_executor if value == "k8s" else experiment_executor

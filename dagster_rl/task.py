@@ -13,6 +13,9 @@ A task provides, in its own package:
    `max_reward`, the top of the reward scale the checks hold rewards to).
 2. `loop`: a factory of its `TaskLoop`, which makes the initial weights, loads stored weights and
    walks a range of steps, yielding a `StepResult` per step (and a `StepAsset` per extra asset).
+   It stores a step's rollouts and rewards with `dagster_rl.steps.trial_set` (trial by trial: a
+   failed trial is never cached as a result, a re-run attempts only the failed ones) and reports
+   trials generated and judged into `backends.progress`.
 3. `score`: the in-process verifier + rubric, `(exp, trajectory) -> reward`. The judge
    environment's `in_process` backend runs it; the `openai` backend (an LLM judge) asks `grading`
    for its prompt and keeps the verifier's verdict.
@@ -45,6 +48,7 @@ from pydantic import BaseModel
 from dagster_rl.checks import CheckOutcome
 from dagster_rl.experiment import Experiment
 from dagster_rl.pods import PodLauncher
+from dagster_rl.progress import Progress
 from dagster_rl.retries import Limits
 from dagster_rl.store import ArtifactRef, ArtifactStore
 
@@ -79,7 +83,8 @@ class StepResult(BaseModel):
     cache: dict[str, str]  # asset -> hit | miss
     refs: dict[str, ArtifactRef]
     behavior_policy: dict[str, str | int]
-    skipped_trials: list[str]
+    skipped_trials: list[str]  # failed after their retries: the step is partial, a re-run attempts them again
+    recovered_trials: list[str] = []  # failed in an earlier attempt of the step, succeeded now
     trials_executed: int
     judge_calls: int
     metrics: dict[str, float]  # the task's own numbers, drawn as plots
@@ -128,11 +133,13 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class Backends:
-    """The backends one loop calls, built by the environments (or directly in a plain loop)."""
+    """The backends one loop calls, built by the environments (or directly in a plain loop), and
+    where the loop reports how far its running steps are (trials generated and judged)."""
 
     rollout: Any
     judge: JudgeBackend
     trainer: Any
+    progress: Progress = field(default_factory=Progress)
 
 
 Launch = Callable[[list[str], dict[str, str]], None]  # run a command (the trainer's torchrun) with extra env

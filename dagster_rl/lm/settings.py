@@ -39,7 +39,7 @@ class PolicySettings(Strict):
 class SamplingSettings(Strict):
     temperature: float = Field(1.0, ge=0.0, description="0: greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(16, ge=1)
+    max_new_tokens: int = Field(16, ge=1, le=32_768)
 
 
 class GRPOLMSettings(Strict):
