@@ -4,6 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 DEMO_RANGE ?= 0000...0007
+# The terminal shows a line per step (the code location's console logger at INFO); the run's full
+# event log stays in the instance, where the UI shows it. Two Dagster CLI notices are silenced.
+DEMO_LOGS := --config-json '{"loggers": {"console": {"config": {"log_level": "INFO"}}}}'
+QUIET := PYTHONWARNINGS='ignore::FutureWarning,ignore:Parameter `include_sources`'
 
 .PHONY: install demo test bench ui clean
 
@@ -21,10 +25,10 @@ install: $(VENV)/.installed
 $(DAGSTER_HOME)/dagster.yaml:
 	mkdir -p $(DAGSTER_HOME)
 	cp deploy/dagster.local.yaml $@
-	$(BIN)/dagster instance migrate
+	$(BIN)/dagster instance migrate > $(DAGSTER_HOME)/migrate.log 2>&1 || (cat $(DAGSTER_HOME)/migrate.log; exit 1)
 
 demo: install $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/dagster asset materialize -m assets.definitions --select 'group:demo' --partition-range $(DEMO_RANGE)
+	$(QUIET) $(BIN)/dagster asset materialize -m assets.definitions --select 'group:demo' --partition-range $(DEMO_RANGE) $(DEMO_LOGS)
 	$(BIN)/dagster-rl status demo
 
 test: install

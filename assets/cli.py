@@ -1,85 +1,144 @@
-"""`dagster-rl`: what the Dagster CLI does not say directly, read from the Dagster instance."""
+"""`dagster-rl`: what the Dagster CLI does not say directly, read from the Dagster instance and the
+artifact store ($DAGSTER_HOME/artifacts unless `--artifacts` names another fsspec URL), and the
+subcommands tasks add (`dagster-rl serve`: a model over vLLM's OpenAI-compatible API).
+
+Artifacts are found by the key a materialization records, checked to be a content key, under the
+store given here: metadata never becomes a path, and a moved DAGSTER_HOME or store still works.
+"""
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
-from assets.definitions import DEFAULT_EXPERIMENTS
+from assets.driver import CHAIN, step_assets
+from assets.experiments import experiments_dir, problems, read
+from dagster_rl.errors import DagsterRLError
 from dagster_rl.experiment import Experiment, step_key
-from dagster_rl.experiment_files import load_experiments
 from dagster_rl.lineage import trace
-from dagster_rl.store import ArtifactStore
+from dagster_rl.store import ArtifactStore, check_key
+from dagster_rl.task import BUILTIN_TASKS, task_of
+from resources.artifact_store import default_artifact_url
 
 COLUMNS = ("step", "state", "cache", "trials", "mean_reward", "success", "mean_turns", "weights_v", "attempt")
 
 
-def step_rows(instance: DagsterInstance, exp: Experiment) -> list[dict[str, str]]:
-    key = AssetKey([exp.name, "weights"])
+def latest(instance: DagsterInstance, exp: Experiment, asset: str, step: str) -> dict | None:
+    """The metadata values of the latest materialization of `<exp>/<asset>` for `step`, and its run id."""
+    records = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey([exp.name, asset]), asset_partitions=[step]), limit=1).records
+    if not records:
+        return None
+    return {"run_id": records[0].run_id, **{k: v.value for k, v in records[0].asset_materialization.metadata.items()}}
+
+
+def step_rows(instance: DagsterInstance, exp: Experiment, store: ArtifactStore | None = None) -> list[dict[str, str]]:
+    """One row per step; with a store, a step whose artifacts are gone from it reads `missing`."""
     rows = []
     for step in exp.step_keys:
-        records = instance.fetch_materializations(AssetRecordsFilter(asset_key=key, asset_partitions=[step]), limit=1).records
-        if not records:
+        md = latest(instance, exp, "weights", step)
+        if md is None:
             rows.append({"step": step, "state": "-"})
             continue
-        md = {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
-        rows.append(
-            {
-                "step": step,
-                "state": "materialized",
-                "cache": str(md.get("cache", "")),
-                "trials": f"{md.get('n_trials')}/{md.get('n_trials_planned')}",
-                "mean_reward": f"{md.get('mean_reward', float('nan')):.3f}",
-                "success": f"{md.get('success_rate', float('nan')):.2f}",
-                "mean_turns": f"{md['mean_turns']:.2f}" if "mean_turns" in md else "",
-                "weights_v": str(md.get("weights_version", "")),
-                "attempt": str(md.get("attempt", "")),
-            }
-        )
+        row = {
+            "step": step,
+            "state": "materialized",
+            "cache": str(md.get("cache", "")),
+            "trials": f"{md.get('n_trials')}/{md.get('n_trials_planned')}",
+            "mean_reward": f"{md.get('mean_reward', float('nan')):.3f}",
+            "success": f"{md.get('success_rate', float('nan')):.2f}",
+            "mean_turns": f"{md['mean_turns']:.2f}" if "mean_turns" in md else "",
+            "weights_v": str(md.get("weights_version", "")),
+            "attempt": str(md.get("attempt", "")),
+        }
+        notes = []
+        if md.get("skipped_trials"):
+            notes.append(f"{md['skipped_trials']} trials failed after their retries; a re-run of the step attempts them again")
+        if md.get("supersedes"):
+            notes.append(f"supersedes the materialization of {md['supersedes']}: {md.get('supersedes_reason', '')}")
+        if store is not None:
+            gone = [a for a in CHAIN if not _artifact_present(instance, exp, a, step, store)]
+            if gone:
+                row["state"] = "missing"
+                notes.append(f"its {', '.join(gone)} artifact(s) are not in the store (moved aside or deleted): re-run from step {step}")
+        row["notes"] = notes  # type: ignore[assignment]
+        rows.append(row)
     return rows
+
+
+def _artifact_present(instance: DagsterInstance, exp: Experiment, asset: str, step: str, store: ArtifactStore) -> bool:
+    md = latest(instance, exp, asset, step)
+    try:
+        return md is not None and store.exists(*artifact_of(md, asset))
+    except DagsterRLError:
+        return False
+
+
+def artifact_of(md: dict, asset: str) -> tuple[str, str]:
+    """(kind, key) of the artifact a materialization names (`artifact_path` is `<kind>/<key>`,
+    relative to the store; older ones name only the key, of the asset's kind), key checked."""
+    kind, _, key = str(md.get("artifact_path", f"{asset}/{md.get('artifact_key')}")).partition("/")
+    return kind, check_key(key, f"artifact key {key!r} of a materialization of {asset}")
 
 
 def format_table(rows: list[dict[str, str]]) -> str:
     widths = {c: max(len(c), *(len(r.get(c, "")) for r in rows)) for c in COLUMNS}
     lines = ["  ".join(c.ljust(widths[c]) for c in COLUMNS)]
     lines += ["  ".join(r.get(c, "").ljust(widths[c]) for c in COLUMNS).rstrip() for r in rows]
-    return "\n".join(lines)
+    notes = [f"{r['step']}: {note}" for r in rows for note in r.get("notes", [])]
+    return "\n".join(lines + notes)
 
 
 def _experiment(name: str) -> Experiment:
-    experiments = load_experiments(Path(os.environ.get("DAGSTER_RL_EXPERIMENTS", DEFAULT_EXPERIMENTS)))
-    if name not in experiments:
-        sys.exit(f"dagster-rl: no experiment named {name!r}; known: {', '.join(sorted(experiments))}")
-    return experiments[name]
+    files = read()
+    if name in files.experiments:
+        if files.errors:
+            print(f"dagster-rl: {problems(files)}", file=sys.stderr)
+        return files.experiments[name]
+    broken = [m for path, m in files.errors.items() if Path(path).stem == name]
+    if broken:
+        sys.exit("dagster-rl: " + "\n".join(broken))
+    known = ", ".join(sorted(files.experiments)) or "none"
+    more = f"\n{problems(files)}" if files.errors else ""
+    sys.exit(f"dagster-rl: no experiment named {name!r} in {experiments_dir()}; known: {known}{more}")
+
+
+def _store(args: argparse.Namespace) -> ArtifactStore:
+    return ArtifactStore(args.artifacts or default_artifact_url())
 
 
 def cmd_status(args: argparse.Namespace) -> None:
     exp = _experiment(args.experiment)
     with DagsterInstance.get() as instance:
-        rows = step_rows(instance, exp)
+        rows = step_rows(instance, exp, _store(args))
     if not args.all:
         last = max((i for i, r in enumerate(rows) if r["state"] != "-"), default=-1)
         rows = rows[: max(last + 2, 1)]
-    print(f"experiment {exp.name}: {sum(r['state'] != '-' for r in rows)} of {exp.n_steps} steps materialized")
+    done = sum(r["state"] == "materialized" for r in rows)
+    print(f"experiment {exp.name}: {done} of {exp.n_steps} steps materialized")
     print(format_table(rows))
+
+
+def parse_step(exp: Experiment, text: str) -> str:
+    """A step number (`7` or `0007`) of the experiment, as its partition key; exits with a message otherwise."""
+    if not text.isdigit() or not 0 <= int(text) < exp.n_steps:
+        sys.exit(f"dagster-rl: {text!r} is not a step of {exp.name}; give a number from 0 to {exp.n_steps - 1} (e.g. 7 or 0007)")
+    return step_key(int(text))
 
 
 def cmd_lineage(args: argparse.Namespace) -> None:
     exp = _experiment(args.experiment)
-    step = step_key(int(args.step))
+    step = parse_step(exp, args.step)
     with DagsterInstance.get() as instance:
-        records = instance.fetch_materializations(
-            AssetRecordsFilter(asset_key=AssetKey([exp.name, "weights"]), asset_partitions=[step]), limit=1
-        ).records
-    if not records:
+        md = latest(instance, exp, "weights", step)
+    if md is None:
         sys.exit(f"dagster-rl: {exp.name}/weights has no materialization for step {step}; run it first")
-    md = records[0].asset_materialization.metadata
-    uri, key = str(md["artifact_uri"].value), str(md["artifact_key"].value)
-    store = ArtifactStore(uri[: -len(f"/weights/{key}")])
-    chain = trace(store, key)
+    store = _store(args)
+    try:
+        chain = trace(store, check_key(md.get("artifact_key"), f"artifact key of {exp.name}/weights {step}"))
+    except DagsterRLError as e:
+        sys.exit(f"dagster-rl: {e}")
     if args.json:
         print(json.dumps([dict(s.model_dump(), seeds_hash=s.seeds_hash) for s in chain], indent=2))
         return
@@ -93,6 +152,32 @@ def cmd_lineage(args: argparse.Namespace) -> None:
         print(f"  <- behavior policy: weights {b['partition']} v{b['version']} {str(b['content_hash'])[:16]}")
 
 
+def cmd_verify(args: argparse.Namespace) -> None:
+    """Re-hash every artifact the experiment's latest materializations name; report each bad one."""
+    exp = _experiment(args.experiment)
+    store = _store(args)
+    checked, bad = 0, []
+    with DagsterInstance.get() as instance:
+        for step in exp.step_keys:
+            for asset in step_assets(exp):
+                md = latest(instance, exp, asset, step)
+                if md is None:
+                    continue
+                checked += 1
+                try:
+                    problem = store.verify(*artifact_of(md, asset))
+                except DagsterRLError as e:
+                    problem = str(e)
+                if problem:
+                    bad.append(f"{asset} {step}: {problem}")
+    print(f"verified {checked} artifacts of {exp.name} in {store.url}: {len(bad)} bad")
+    for line in bad:
+        print(f"  BAD {line}")
+    if bad:
+        print("The next run that reads a bad artifact moves it aside and computes it again: re-run from the first bad step.")
+        sys.exit(1)
+
+
 def _rubric_weights(rubric: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in rubric.items() if k != "name")
 
@@ -103,7 +188,8 @@ def _seed_span(seeds: dict[str, int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="dagster-rl", description=__doc__)
+    parser = argparse.ArgumentParser(prog="dagster-rl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--artifacts", default="", help="the artifact store's fsspec URL (default: $DAGSTER_HOME/artifacts)")
     sub = parser.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", help="table of an experiment's steps, read from $DAGSTER_HOME")
     status.add_argument("experiment")
@@ -114,6 +200,14 @@ def main(argv: list[str] | None = None) -> None:
     lineage.add_argument("step", help="step number, e.g. 7 or 0007")
     lineage.add_argument("--json", action="store_true", help="everything, every trial seed included, as JSON")
     lineage.set_defaults(fn=cmd_lineage)
+    verify = sub.add_parser("verify", help="re-hash every artifact of an experiment's steps; report each bad one (exit 1)")
+    verify.add_argument("experiment")
+    verify.set_defaults(fn=cmd_verify)
+    for kind in BUILTIN_TASKS:  # the tasks' own subcommands (the language models' `serve`)
+        for name, command in task_of(kind).commands.items():
+            cmd = sub.add_parser(name, help=command.help)
+            command.add_arguments(cmd)
+            cmd.set_defaults(fn=command.run)
     args = parser.parse_args(argv)
     args.fn(args)
 

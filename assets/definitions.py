@@ -1,17 +1,17 @@
-"""The code location: every experiment in `experiments/` becomes an asset group and a train job."""
+"""The code location: every valid experiment in `experiments/` becomes an asset group and a train job
+(invalid files are reported, see `assets.experiments`)."""
 
 import os
-from pathlib import Path
+import warnings
 
 from dagster import AssetSelection, Definitions, EnvVar, define_asset_job
 
+from assets.console import concise_console
+from assets.deployment import artifact_url, executor, rollout_environment, trainer_environment
 from assets.driver import build_driver, build_warmup
+from assets.experiments import problems, read
 from dagster_rl.experiment import Experiment
-from dagster_rl.experiment_files import load_experiments
-from resources import ArtifactStoreResource, JudgeEnvironment, PipesTorchrunLauncher, RolloutEnvironment, TrainerEnvironment
-
-DEFAULT_EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
-
+from resources import ArtifactStoreResource, JudgeEnvironment
 
 JUDGE_URL, JUDGE_MODEL, JUDGE_API_KEY = "DAGSTER_RL_JUDGE_URL", "DAGSTER_RL_JUDGE_MODEL", "DAGSTER_RL_JUDGE_API_KEY"
 
@@ -36,11 +36,12 @@ def judge_environment(store: ArtifactStoreResource) -> JudgeEnvironment:
 
 
 def default_resources(store: ArtifactStoreResource) -> dict:
-    """The embedded default: every environment in this process (torchrun as a Pipes subprocess)."""
+    """The embedded default: every environment in this process (torchrun as a Pipes subprocess);
+    a rollout server and Kubernetes trainer pods where the environment names them (`assets.deployment`)."""
     return {
-        "rollout": RolloutEnvironment(),
+        "rollout": rollout_environment(),
         "judge": judge_environment(store),
-        "trainer": TrainerEnvironment(launcher=PipesTorchrunLauncher()),
+        "trainer": trainer_environment(),
         "artifact_store": store,
     }
 
@@ -60,9 +61,21 @@ def build_definitions(experiments: dict[str, Experiment], resources: dict | None
         for name, driver in drivers.items()
     ]
     resources = dict(resources or {})
-    store = resources.get("artifact_store") or ArtifactStoreResource()
-    assets = [*warmups.values(), *drivers.values()]
-    return Definitions(assets=assets, jobs=jobs, resources={**default_resources(store), **resources})
+    store = resources.get("artifact_store") or ArtifactStoreResource(url=artifact_url())
+    return Definitions(
+        assets=[*warmups.values(), *drivers.values()],
+        jobs=jobs,
+        resources={**default_resources(store), **resources},
+        executor=executor(),  # one run of an experiment at a time (a pool); k8s_job_executor on a cluster
+        loggers={"console": concise_console},  # a line per step on the terminal; the full log stays in the run
+    )
 
 
-defs = build_definitions(load_experiments(Path(os.environ.get("DAGSTER_RL_EXPERIMENTS", DEFAULT_EXPERIMENTS))))
+def _valid_experiments() -> dict[str, Experiment]:
+    files = read()
+    if files.errors:  # the `experiment_files` code location shows them in the UI
+        warnings.warn(problems(files), stacklevel=2)
+    return files.experiments
+
+
+defs = build_definitions(_valid_experiments())

@@ -16,7 +16,11 @@ starts at step 0 without it (a backfill of the chain alone) computes it through 
 and records its materialization itself.
 """
 
+import threading
+import time
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 
 from dagster import (
@@ -26,6 +30,7 @@ from dagster import (
     AssetExecutionContext,
     AssetKey,
     AssetMaterialization,
+    AssetRecordsFilter,
     AssetSpec,
     BackfillPolicy,
     BetaWarning,
@@ -37,10 +42,14 @@ from dagster import (
     multi_asset,
 )
 
+from assets.concurrency import experiment_pool
+from assets.console import CONSOLE
 from assets.predecessor import starting_weights
 from dagster_rl.checks import CHECK_NAMES
 from dagster_rl.errors import CheckFailedError, DagsterRLError, SimulatedCrash
 from dagster_rl.experiment import Experiment, step_key
+from dagster_rl.lifetime import die_with_parent
+from dagster_rl.progress import Progress
 from dagster_rl.task import Backends, StepAsset, StepResult, WarmupResult, task_of
 from resources import ArtifactStoreResource, JudgeEnvironment, RolloutEnvironment, TrainerEnvironment
 
@@ -111,12 +120,14 @@ def _check_specs(exp: Experiment) -> list[AssetCheckSpec]:
     ]
 
 
-def _run_info(context: AssetExecutionContext, store) -> dict[str, str | int]:
+def _run_info(context: AssetExecutionContext) -> dict[str, str | int]:
+    """The run's attempt, and when its root run started (the same on every retry): read from Dagster."""
     run = context.run
     root = run.root_run_id or run.run_id
     attempt = int(run.tags.get("dagster/retry_number", "0"))
-    record = store.put_record(f"runs/{root}", {"started_at": datetime.now(timezone.utc).isoformat()})
-    return {"attempt": attempt, "started_at": record["started_at"], "root_run_id": root}
+    record = context.instance.get_run_record_by_id(root)
+    started = record.start_time if record is not None and record.start_time else time.time()
+    return {"attempt": attempt, "started_at": datetime.fromtimestamp(started, timezone.utc).isoformat(), "root_run_id": root}
 
 
 def step_metadata(exp: Experiment, result: StepResult, run_info: dict, asset: str) -> dict[str, MetadataValue]:
@@ -133,11 +144,12 @@ def step_metadata(exp: Experiment, result: StepResult, run_info: dict, asset: st
         "behavior_policy": MetadataValue.json(result.behavior_policy),
         "artifact_key": MetadataValue.text(ref.key),
         "content_hash": MetadataValue.text(ref.content_hash),
-        "artifact_uri": MetadataValue.path(ref.uri),
+        "artifact_path": MetadataValue.path(ref.path),  # relative to the artifact store's root
         "attempt": MetadataValue.int(run_info["attempt"]),
         "started_at": MetadataValue.text(run_info["started_at"]),
         "training_hash": MetadataValue.text(exp.training_hash()),
         "skipped_trials": MetadataValue.int(len(result.skipped_trials)),
+        "recovered_trials": MetadataValue.int(len(result.recovered_trials)),
     }
     shared.update({k: MetadataValue.float(v) for k, v in result.metrics.items()})
     shared.update({k: MetadataValue.float(round(v, 6)) for k, v in result.timings.items()})
@@ -167,7 +179,7 @@ def build_warmup(exp: Experiment):
 
     def warmup(context: AssetExecutionContext, artifact_store: ArtifactStoreResource) -> MaterializeResult:
         try:
-            result = spec.run(exp, artifact_store.get_store())
+            result = spec.run(exp, artifact_store.get_store(warn=context.log.warning))
         except DagsterRLError as e:
             _no_retry_unless_retryable(context, e)
             raise
@@ -185,6 +197,29 @@ def build_warmup(exp: Experiment):
         )(warmup)
 
 
+def superseded(context: AssetExecutionContext, exp: Experiment, result: StepResult, asset: str) -> dict[str, MetadataValue]:
+    """`supersedes` and `supersedes_reason` when this partition's latest materialization holds other
+    content (formerly failed trials now succeeded, an earlier step changed, other settings); else {}."""
+    key, partition = AssetKey([exp.name, asset]), step_key(result.step)
+    records = context.instance.fetch_materializations(AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1).records
+    if not records:
+        return {}
+    old = {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
+    if old.get("content_hash") == result.refs[asset].content_hash:
+        return {}
+    if result.recovered_trials:
+        reason = (
+            f"trials that failed in an earlier attempt of this step now succeeded ({old.get('n_trials')}/"
+            f"{old.get('n_trials_planned')} usable before, {result.n_trials}/{result.n_trials_planned} now)"
+        )
+    elif old.get("training_hash") != exp.training_hash():
+        reason = "the experiment's training settings changed"
+    else:
+        reason = "an earlier step changed, so this step's inputs did"
+    was = f"run {records[0].run_id[:8]}: {old.get('n_trials')}/{old.get('n_trials_planned')} trials, content {str(old.get('content_hash'))[:16]}"
+    return {"supersedes": MetadataValue.text(was), "supersedes_reason": MetadataValue.text(reason)}
+
+
 def build_driver(exp: Experiment):
     @multi_asset(
         name=f"{exp.name}_driver",
@@ -192,7 +227,10 @@ def build_driver(exp: Experiment):
         check_specs=check_specs(exp),
         partitions_def=step_partitions(exp),
         backfill_policy=BackfillPolicy.single_run(),
+        pool=experiment_pool(exp.name),  # one run of an experiment at a time (assets.concurrency)
         can_subset=True,  # makes check outputs optional: checks are reported per step as events
+        # on Kubernetes (k8s_job_executor) the driver's step pod gets what the experiment says it needs
+        op_tags={"dagster-k8s/config": exp.driver_pod.dagster_k8s_config()} if exp.driver_pod else None,
         description=f"Drives the training steps of experiment {exp.name} in order. {exp.description}",
     )
     def driver(
@@ -202,6 +240,7 @@ def build_driver(exp: Experiment):
         trainer: TrainerEnvironment,
         artifact_store: ArtifactStoreResource,
     ):
+        die_with_parent()  # a step process of the multiprocess executor ends when its run worker dies
         try:
             yield from _drive(context, exp, rollout, judge, trainer, artifact_store)
         except DagsterRLError as e:
@@ -219,6 +258,9 @@ def _no_retry_unless_retryable(context: AssetExecutionContext, error: DagsterRLE
         context.instance.add_run_tags(context.run_id, {NO_RETRY_TAG: "false"})
 
 
+PROGRESS_EVERY_S = 30.0  # while a step runs, its progress is logged at least this often
+
+
 def _drive(
     context: AssetExecutionContext,
     exp: Experiment,
@@ -228,41 +270,88 @@ def _drive(
     artifact_store: ArtifactStoreResource,
 ):
     """Walk the run's range of steps in order; yield each step's materializations as it ends."""
-    steps = sorted(int(k) for k in context.partition_keys)
-    if steps != list(range(steps[0], steps[-1] + 1)):
-        raise DagsterRLError(f"a run drives a contiguous range of steps; got {[step_key(s) for s in steps]}")
-    store = artifact_store.get_store()
-    info = _run_info(context, store)
+    steps = _range_of(context, exp)
+    store = artifact_store.get_store(warn=context.log.warning)
+    info = _run_info(context)
     if steps[0] == 0:
         yield from _ensure_warmup(context, exp, store)
     loop = task_of(exp.kind).loop()
     start = starting_weights(context.instance, exp, steps[0], store, loop)
-    backends = Backends(rollout.backend_for(exp), judge.backend_for(exp), trainer.backend_for(exp, context))
-    for result in loop.iter_steps(exp, steps, start, store, backends, context.log.warning):
-        if isinstance(result, StepAsset):
-            if AssetKey([exp.name, result.asset]) in context.selected_asset_keys:
-                yield _step_asset_materialization(exp, result, info)
-            continue
-        step = result.step
-        context.log.info(
-            f"step {step_key(step)}: {result.n_trials}/{result.n_trials_planned} trials, mean reward "
-            f"{result.mean_reward:.3f}, weights v{result.weights_version}, cache {result.cache}, attempt {info['attempt']}"
-        )
-        for asset in CHAIN:
-            if AssetKey([exp.name, asset]) in context.selected_asset_keys:
-                yield AssetMaterialization(
-                    asset_key=AssetKey([exp.name, asset]),
-                    partition=step_key(step),
-                    metadata=step_metadata(exp, result, info, asset),
+    progress = Progress()
+    backends = Backends(rollout.backend_for(exp), judge.backend_for(exp), trainer.backend_for(exp, context), progress)
+    began = time.monotonic()
+    with reporting(progress, lambda line: context.log.info(line, extra=CONSOLE), PROGRESS_EVERY_S):
+        for result in loop.iter_steps(exp, steps, start, store, backends, context.log.warning):
+            if isinstance(result, StepAsset):
+                if AssetKey([exp.name, result.asset]) in context.selected_asset_keys:
+                    yield _step_asset_materialization(exp, result, info)
+                continue
+            step = result.step
+            context.log.info(progress_line(result, time.monotonic() - began), extra=CONSOLE)
+            began = time.monotonic()
+            for asset in CHAIN:
+                if AssetKey([exp.name, asset]) in context.selected_asset_keys:
+                    yield AssetMaterialization(
+                        asset_key=AssetKey([exp.name, asset]),
+                        partition=step_key(step),
+                        metadata={**step_metadata(exp, result, info, asset), **superseded(context, exp, result, asset)},
+                    )
+            failed = _report_checks(context, exp, result)
+            if failed:
+                raise CheckFailedError(
+                    f"step {step_key(step)} of {exp.name}: blocking check(s) failed, the range stops here: "
+                    + "; ".join(f"{c.name}: {c.message}" for c in failed)
                 )
-        failed = _report_checks(context, exp, result)
-        if failed:
-            raise CheckFailedError(
-                f"step {step_key(step)} of {exp.name}: blocking check(s) failed, the range stops here: "
-                + "; ".join(f"{c.name}: {c.message}" for c in failed)
-            )
-        if step == exp.faults.crash_driver_at_step and result.cache["weights"] == "miss" and info["attempt"] == 0:
-            raise SimulatedCrash(f"driver crash after step {step_key(step)} on attempt 0 (faults.crash_driver_at_step)")
+            if step == exp.faults.crash_driver_at_step and result.cache["weights"] == "miss" and info["attempt"] == 0:
+                raise SimulatedCrash(f"driver crash after step {step_key(step)} on attempt 0 (faults.crash_driver_at_step)")
+
+
+def _range_of(context: AssetExecutionContext, exp: Experiment) -> list[int]:
+    """The run's steps, in order; an error that says how to write the range when it is empty or has holes."""
+    steps = sorted(int(k) for k in context.partition_keys)
+    if not steps:
+        tags = context.run.tags
+        first, last = tags.get("dagster/asset_partition_range_start", "?"), tags.get("dagster/asset_partition_range_end", "?")
+        hint = f"its first step comes after its last: give it as {last}...{first}" if first > last else "give a first and a last step"
+        raise DagsterRLError(f"the range {first}...{last} of {exp.name} holds no step: {hint} (steps 0000...{step_key(exp.n_steps - 1)})")
+    if steps != list(range(steps[0], steps[-1] + 1)):
+        raise DagsterRLError(f"a run drives a contiguous range of steps; got {[step_key(s) for s in steps]}")
+    return steps
+
+
+def progress_line(result: StepResult, seconds: float) -> str:
+    """The one line a step ends with: `step 0003  24/24 trials  mean reward 2.331  cache miss  0.41 s`."""
+    caches = set(result.cache.values())
+    cache = caches.pop() if len(caches) == 1 else ", ".join(f"{a} {c}" for a, c in result.cache.items())
+    notes = []
+    if result.skipped_trials:
+        notes.append(f"{len(result.skipped_trials)} trials failed, a re-run attempts them again")
+    if result.recovered_trials:
+        notes.append(f"{len(result.recovered_trials)} formerly failed trials recovered")
+    tail = f"  ({'; '.join(notes)})" if notes else ""
+    return (
+        f"step {step_key(result.step)}  {result.n_trials}/{result.n_trials_planned} trials  mean reward "
+        f"{result.mean_reward:.3f}  cache {cache}  {seconds:.2f} s{tail}"
+    )
+
+
+@contextmanager
+def reporting(progress: Progress, log: Callable[[str], None], every_s: float) -> Iterator[None]:
+    """Log the progress of the running steps every `every_s` seconds, in a thread, while inside."""
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(every_s):
+            for line in progress.lines():
+                log(line)
+
+    thread = threading.Thread(target=tick, name="dagster-rl-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _ensure_warmup(context: AssetExecutionContext, exp: Experiment, store):
@@ -286,6 +375,7 @@ def _step_asset_materialization(exp: Experiment, result: StepAsset, info: dict) 
         "cache": result.cache,
         "artifact_key": result.ref.key,
         "content_hash": result.ref.content_hash,
+        "artifact_path": result.ref.path,
         "attempt": info["attempt"],
         "started_at": info["started_at"],
     }

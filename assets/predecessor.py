@@ -2,9 +2,9 @@
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
-from dagster_rl.errors import MissingPredecessorError
+from dagster_rl.errors import CorruptArtifactError, MissingPredecessorError
 from dagster_rl.experiment import Experiment, step_key
-from dagster_rl.store import ArtifactStore
+from dagster_rl.store import ArtifactStore, check_key
 from dagster_rl.task import TaskLoop, Weights
 
 
@@ -42,10 +42,18 @@ def starting_weights(instance: DagsterInstance, exp: Experiment, first_step: int
             f"start from them. Fix the cause (see the checks of {exp.name}/weights, partition {prev}), then re-run "
             "from the first step whose settings you changed."
         )
-    artifact = str(metadata["artifact_key"].value)
+    recorded = metadata["artifact_key"].value if "artifact_key" in metadata else None
+    artifact = check_key(recorded, f"artifact key of {exp.name}/weights {prev}")
+    rerun = (
+        f"re-run the range from step {prev} (its inputs are reused from the store; if they are gone too, "
+        "from the first step whose artifacts are still there, or from 0000)"
+    )
     if not store.exists("weights", artifact):
         raise MissingPredecessorError(
-            f"the weights of step {prev} of {exp.name} (artifact {artifact}) are not in the artifact store at "
-            f"{store.url}; re-run the range from 0000 (what the store still holds is reused)."
+            f"the weights of step {prev} of {exp.name} (artifact weights/{artifact}) are not in the artifact store at "
+            f"{store.url} (moved aside as corrupt, or deleted): {rerun}."
         )
-    return loop.load_weights(exp, store, prev, artifact)
+    try:
+        return loop.load_weights(exp, store, prev, artifact)
+    except CorruptArtifactError as e:
+        raise MissingPredecessorError(f"the weights of step {prev} of {exp.name} cannot be used: {e} Then {rerun}.") from None

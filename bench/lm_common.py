@@ -40,8 +40,8 @@ def save_model(directory: Path, hidden: int = 64, layers: int = 2, seed: int = 0
     return directory
 
 
-def make_policy(model_dir: Path, lora: LoRASettings = LORA) -> Policy:
-    return load_policy(PolicySettings(base_model=str(model_dir), lora=lora))
+def make_policy(model_dir: Path, lora: LoRASettings = LORA, device: str = "cpu", dtype: str = "float32") -> Policy:
+    return load_policy(PolicySettings(base_model=str(model_dir), lora=lora, device=device, dtype=dtype))
 
 
 def peak_rss_mib() -> float:

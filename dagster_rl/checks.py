@@ -48,6 +48,7 @@ def require_enough_trials(exp: Experiment, step: int, usable: int, planned: int,
         raise TooFewTrialsError(
             f"step {step_key(step)} of {exp.name} has {usable} usable trials of {planned} planned, "
             f"fewer than min_trials_per_step={exp.min_trials_per_step} ({len(skipped)} failed after their retries: "
-            f"{', '.join(sorted(skipped)[:5])}...). Nothing of this step was stored; fix the failing environment "
-            "or lower min_trials_per_step, then re-run the step."
+            f"{', '.join(sorted(skipped)[:5])}...). No result of this step was stored (the trials that succeeded are "
+            "kept, so a re-run attempts only the failed ones); fix the failing environment or lower "
+            "min_trials_per_step, then re-run the step."
         )

@@ -35,3 +35,21 @@ class CheckFailedError(DagsterRLError):
     """A blocking check of a step's weights failed: the range stops at that step."""
 
     retryable = False
+
+
+class MissingArtifactError(DagsterRLError):
+    """An artifact asked for is not in the store (deleted, moved aside, or never made)."""
+
+
+class CorruptArtifactError(DagsterRLError):
+    """A stored artifact does not match its manifest (or has none that can be read)."""
+
+
+class InvalidArtifactKeyError(DagsterRLError):
+    """A key, kind or file name is not of the form the store builds paths from: never a path."""
+
+    retryable = False
+
+
+class StoreWriteError(DagsterRLError):
+    """The artifact store refused a write (read-only, full, unreachable)."""

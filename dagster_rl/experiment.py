@@ -6,17 +6,14 @@ Each task subclasses `Experiment` with its own `task`, rubric and training setti
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from dagster_rl.hashing import content_hash
+from dagster_rl.pods import PodResources
+from dagster_rl.strict import Strict  # noqa: F401 - settings modules import it from here
 
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
-
-
-class Strict(BaseModel):
-    """Settings: unknown fields are errors, values never change after validation."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+MAX_TRIALS_PER_STEP = 65_536  # planned work a step may hold: prompts_per_step x n_samples
 
 
 class Faults(Strict):
@@ -44,11 +41,14 @@ class Experiment(Strict):
     fork_of: str | None = Field(None, pattern=IDENTIFIER)
     seed: int = 0
     n_steps: int = Field(ge=1, le=9999)
-    prompts_per_step: int = Field(ge=1)
-    n_samples: int = Field(description="samples per prompt: the GRPO group size")
+    prompts_per_step: int = Field(ge=1, le=MAX_TRIALS_PER_STEP // 2)
+    n_samples: int = Field(description="samples per prompt: the GRPO group size", le=MAX_TRIALS_PER_STEP // 2)
     min_trials_per_step: int = Field(1, ge=1)
     faults: Faults = Faults()
     checks: Checks = Checks()
+    driver_pod: PodResources | None = Field(
+        None, description="on Kubernetes (k8s_job_executor): what the driver's step pod needs (and in-process rollouts)"
+    )
 
     @field_validator("n_samples")
     @classmethod
@@ -56,6 +56,21 @@ class Experiment(Strict):
         if v < 2:
             raise ValueError("GRPO normalizes rewards within a group of samples of one prompt; set n_samples >= 2")
         return v
+
+    @model_validator(mode="after")
+    def _counts_agree(self) -> "Experiment":
+        planned = self.prompts_per_step * self.n_samples
+        if planned > MAX_TRIALS_PER_STEP:
+            raise ValueError(
+                f"prompts_per_step x n_samples = {self.prompts_per_step} x {self.n_samples} = {planned} trials per step, "
+                f"more than the {MAX_TRIALS_PER_STEP} a step may plan; use fewer prompts per step or fewer samples"
+            )
+        if self.min_trials_per_step > planned:
+            raise ValueError(
+                f"min_trials_per_step={self.min_trials_per_step} is more than the {planned} trials a step plans "
+                f"(prompts_per_step x n_samples): no step could pass; lower it to at most {planned}"
+            )
+        return self
 
     @property
     def kind(self) -> str:
@@ -79,7 +94,7 @@ class Experiment(Strict):
     def step_keys(self) -> list[str]:
         return [step_key(i) for i in range(self.n_steps)]
 
-    NOT_TRAINING: ClassVar[frozenset[str]] = frozenset({"name", "description", "fork_of", "n_steps", "faults", "checks"})
+    NOT_TRAINING: ClassVar[frozenset[str]] = frozenset({"name", "description", "fork_of", "n_steps", "faults", "checks", "driver_pod"})
 
     def training_inputs(self) -> dict[str, Any]:
         """Every setting that changes what the steps compute (not names, steps, faults or checks)."""

@@ -2,8 +2,12 @@
 
 A fork (`fork_of: parent`) starts from its parent's settings and overrides what it names; it is its
 own asset group but shares the artifact cache, since artifacts are keyed by content, not by name.
+
+`read_experiments` reads a folder file by file: an invalid file is reported (with its path, the
+field and the reason) and the others stay usable; `load_experiments` refuses the folder instead.
 """
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +33,13 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        raw = yaml.safe_load(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ExperimentError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save the file as UTF-8") from None
+    except OSError as e:
+        raise ExperimentError(f"{path}: cannot be read: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ExperimentError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(raw, dict):
@@ -59,15 +69,29 @@ def load_experiment(path: Path) -> Experiment:
     return _validate(path, _read_yaml(path))
 
 
-def load_experiments(directory: Path) -> dict[str, Experiment]:
-    """Every `*.yaml` in `directory`, forks resolved against their parents, keyed by name."""
-    raws = {p: _read_yaml(p) for p in sorted(directory.glob("*.yaml"))}
+@dataclass(frozen=True)
+class ExperimentFiles:
+    experiments: dict[str, Experiment]  # by name: the valid ones
+    errors: dict[str, str]  # file path -> what is wrong with it (the message names the file)
+
+
+def read_experiments(directory: Path) -> ExperimentFiles:
+    """Every `*.yaml` in `directory`, forks resolved against their parents; an invalid file (or a
+    fork of one) is reported in `errors` and leaves the others usable."""
+    errors: dict[str, str] = {}
     by_name: dict[str, tuple[Path, dict[str, Any]]] = {}
-    for path, raw in raws.items():
-        name = raw.get("name")
-        if name in by_name:
-            raise ExperimentError(f"{path}: experiment name '{name}' is already used by {by_name[name][0]}")
-        by_name[str(name)] = (path, raw)
+    for path in sorted(directory.glob("*.yaml")):
+        try:
+            raw = _read_yaml(path)
+            name = raw.get("name")
+            if not isinstance(name, str):
+                raise ExperimentError(f"{path}: invalid experiment: field 'name': a name (letters, digits, underscores) is required")
+            if name in by_name:
+                raise ExperimentError(f"{path}: experiment name '{name}' is already used by {by_name[name][0]}")
+        except ExperimentError as e:
+            errors[str(path)] = str(e)
+            continue
+        by_name[name] = (path, raw)
 
     def resolved(name: str, seen: tuple[str, ...]) -> dict[str, Any]:
         path, raw = by_name[name]
@@ -75,10 +99,25 @@ def load_experiments(directory: Path) -> dict[str, Experiment]:
         if parent is None:
             return raw
         if parent not in by_name:
-            raise ExperimentError(f"{path}: field 'fork_of': no experiment named '{parent}' in {directory}")
+            raise ExperimentError(f"{path}: field 'fork_of': no experiment named '{parent}' in {directory} (or its file is invalid)")
         if parent in seen:
             raise ExperimentError(f"{path}: field 'fork_of': forks form a cycle {' -> '.join(seen + (parent,))}")
         inherited = {k: v for k, v in resolved(parent, seen + (parent,)).items() if k not in ("description", "fork_of")}
         return _merge(inherited, raw)
 
-    return {name: _validate(path, resolved(name, (name,))) for name, (path, _) in by_name.items()}
+    experiments = {}
+    for name, (path, _) in by_name.items():
+        try:
+            experiments[name] = _validate(path, resolved(name, (name,)))
+        except ExperimentError as e:
+            errors[str(path)] = str(e)
+    return ExperimentFiles(experiments, errors)
+
+
+def load_experiments(directory: Path) -> dict[str, Experiment]:
+    """Every `*.yaml` in `directory`, forks resolved against their parents, keyed by name; an
+    `ExperimentError` naming every invalid file when there is one."""
+    files = read_experiments(directory)
+    if files.errors:
+        raise ExperimentError("\n".join(files.errors.values()))
+    return files.experiments

@@ -5,6 +5,10 @@ store as soon as the judge's reply arrives, before anything else can fail. A jud
 the journal first: an entry found is replayed (the same reply, the same score) and no request is
 sent. A different rubric or judge model is a different key, hence a new call.
 
+What is journaled is bounded: a reply longer than `MAX_REPLY_CHARS` is stored cut to its first
+`MAX_REPLY_CHARS` characters, with its full length and sha256 (the score is parsed from the whole
+reply before it is cut), so a judge that answers megabytes cannot fill the store.
+
 The one window left open is between the judge's reply and the journal write (a crash there loses
 the reply, and the retry calls again); everything after the write replays.
 """
@@ -15,12 +19,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from dagster_rl.errors import ArtifactConflictError
-from dagster_rl.hashing import cache_key, content_hash
+from dagster_rl.hashing import cache_key, content_hash, sha256_hex
 from dagster_rl.store import ArtifactStore
 
 KIND = "judge_calls"
 JOURNAL_VERSION = "judge-journal-1"
+MAX_REPLY_CHARS = 4096
 
 
 class JudgeCall(BaseModel):
@@ -30,9 +34,18 @@ class JudgeCall(BaseModel):
     rubric_hash: str
     model: str
     request: dict[str, Any]  # the request body sent (model, messages, sampling settings)
-    reply: str  # the judge's message content
+    reply: str  # the judge's message content, cut to MAX_REPLY_CHARS
     score: float
     recorded_at: str
+    reply_chars: int | None = None  # the whole reply's length and sha256, when it was cut
+    reply_sha256: str | None = None
+
+
+def bounded_reply(reply: str) -> dict[str, Any]:
+    """The journal's fields for a reply: itself, or its first MAX_REPLY_CHARS characters, its length and hash."""
+    if len(reply) <= MAX_REPLY_CHARS:
+        return {"reply": reply}
+    return {"reply": reply[:MAX_REPLY_CHARS], "reply_chars": len(reply), "reply_sha256": sha256_hex(reply.encode())}
 
 
 def journal_key(trajectory_hash: str, rubric_hash: str, model: str) -> str:
@@ -56,12 +69,11 @@ class JudgeJournal:
         return self.store.get_model(KIND, key, JudgeCall)
 
     def record(self, call: JudgeCall) -> JudgeCall:
-        """Store `call` unless an entry for its key exists; return the entry that is stored."""
+        """Store `call` unless an entry for its key exists; return the entry that is stored (a
+        concurrent attempt that recorded its reply first wins, so every reader agrees: the store
+        adopts the first `judge_calls` entry of a key)."""
         key = journal_key(call.trajectory_hash, call.rubric_hash, call.model)
-        try:
-            self.store.put_model(KIND, key, call)
-        except ArtifactConflictError:
-            pass  # a concurrent attempt recorded its reply first: keep that one, so every reader agrees
+        self.store.put_model(KIND, key, call)
         return self.store.get_model(KIND, key, JudgeCall)
 
     def replay_or_call(
@@ -81,7 +93,7 @@ class JudgeJournal:
             rubric_hash=rubric_hash,
             model=model,
             request=request,
-            reply=reply,
+            **bounded_reply(reply),
             score=score,
             recorded_at=datetime.now(timezone.utc).isoformat(),
         )

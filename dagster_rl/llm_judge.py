@@ -15,9 +15,6 @@ model): a judgement already paid for is replayed. Seeded fault injection (`judge
 
 import json
 import re
-import socket
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +23,7 @@ from dagster_rl import counters
 from dagster_rl.errors import DagsterRLError
 from dagster_rl.faults import maybe_fail
 from dagster_rl.hashing import content_hash
+from dagster_rl.http_json import EndpointError, request
 from dagster_rl.judge_journal import JudgeCall, JudgeJournal, trajectory_hash
 from dagster_rl.retries import Limits, with_retries
 from dagster_rl.task import LLMGrading
@@ -69,22 +67,10 @@ class OpenAIChatClient:
 
     def complete(self, body: dict[str, Any]) -> str:
         url = self.base_url.rstrip("/") + "/chat/completions"
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            detail = e.read()[:500].decode(errors="replace")
-            raise LLMJudgeError(f"judge endpoint {url} answered HTTP {e.code}: {detail}") from None
-        except (TimeoutError, socket.timeout):
-            raise LLMJudgeError(f"judge endpoint {url} did not answer within {self.timeout_s} s") from None
-        except urllib.error.URLError as e:
-            if isinstance(e.reason, (TimeoutError, socket.timeout)):
-                raise LLMJudgeError(f"judge endpoint {url} did not answer within {self.timeout_s} s") from None
-            raise LLMJudgeError(f"judge endpoint {url} is unreachable: {e.reason}") from None
+            raw = request("POST", url, body, api_key=self.api_key, timeout_s=self.timeout_s, who="judge endpoint")
+        except EndpointError as e:
+            raise LLMJudgeError(str(e)) from None
         try:
             return json.loads(raw)["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):

@@ -32,7 +32,11 @@ class Rollouts(Record, Generic[T]):
     behavior_policy: dict[str, str | int]  # weights partition, key, content hash, version
     n_trials_planned: int
     trajectories: list[T]  # sorted by trial id
-    skipped: list[str]
+    skipped: list[str]  # trials that failed after their retries: a re-run attempts them again
+
+    def outcomes(self) -> list[T]:
+        """What succeeded, trial by trial (see `dagster_rl.steps.trial_set`)."""
+        return self.trajectories
 
 
 class Rewards(Record, Generic[R]):
@@ -41,7 +45,10 @@ class Rewards(Record, Generic[R]):
     rollouts_hash: str
     rubric: dict[str, str | float]
     rewards: list[R]  # sorted by trial id
-    skipped: list[str]
+    skipped: list[str]  # trials not generated, or whose judging failed after its retries
+
+    def outcomes(self) -> list[R]:
+        return self.rewards
 
 
 class TrainedFrom(Record):

@@ -1,26 +1,89 @@
 """Content-addressed artifact store over an fsspec URL.
 
-An artifact is a folder `<root>/<kind>/<key>/` of files plus a `manifest.json` written last: the
-manifest lists each file's sha256, and its own hash is the artifact's content hash. An artifact
-without a manifest does not exist (a crash mid-write leaves nothing visible). Keys are never
-overwritten: writing different content under an existing key is refused.
+An artifact is a folder `<root>/<kind>/<key>/` of files plus a `manifest.json`: the manifest lists
+each file's sha256, and its own hash is the artifact's content hash. An artifact without a manifest
+does not exist. On a local disk an artifact is written in a private staging folder and renamed into
+place in one step, so a crash mid-write leaves nothing visible and of two writers of one key exactly
+one wins; elsewhere (object stores have no atomic rename) the files are written first and the
+manifest last.
+
+Keys are the 64-digit hex content keys of `dagster_rl.hashing.cache_key`, kinds are lowercase
+identifiers, file names plain names: every one is validated before a path is built from it, so no
+key or manifest read from metadata or a tampered store can lead a read or a write outside the store.
+
+Keys are never overwritten. When an artifact is already stored under a key:
+- kinds in `ADOPTING_KINDS` (float compute that may differ in its last bits between two
+  computations of one key on a GPU: trained `weights`, sampled `rollouts`, `evaluations`, and the
+  LLM judge's `judge_calls`) keep the first writer's artifact; a second writer with other bytes
+  adopts it, and the step continues from the stored one;
+- every other kind (rewards, worlds, ...) is deterministic: other content under an existing key is
+  an `ArtifactConflictError`, since the code changed without a new code version.
+
+A corrupt artifact (a file whose hash does not match the manifest, a missing file, an unreadable
+manifest) is moved aside to `<root>/quarantine/<kind>/<key>.<time>` (never deleted): `get_or_put`
+then computes it again; a plain read raises `CorruptArtifactError` naming it and saying where it went.
+
+A *partial* artifact holds what a step computed when some of its trials failed (see
+`dagster_rl.steps.trial_set`). It is never stored under the key a complete computation uses, but
+under a key of its own (the complete key and the trials that are missing); `partial(kind, key)`
+finds the latest one, so a re-run attempts only the missing trials.
 """
 
+import errno
 import json
+import os
+import re
+import shutil
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel
 
-from dagster_rl.errors import ArtifactConflictError, DagsterRLError
-from dagster_rl.hashing import canonical_json, content_hash, sha256_hex
+from dagster_rl.errors import (
+    ArtifactConflictError,
+    CorruptArtifactError,
+    DagsterRLError,
+    InvalidArtifactKeyError,
+    MissingArtifactError,
+    StoreWriteError,
+)
+from dagster_rl.hashing import cache_key, canonical_json, content_hash, sha256_hex
 
 M = TypeVar("M", bound=BaseModel)
+Warn = Callable[[str], None]
 
 MANIFEST = "manifest.json"
 DATA = "data.json"
+ADOPTING_KINDS = frozenset({"weights", "rollouts", "evaluations", "judge_calls"})
+KEY = re.compile(r"^[0-9a-f]{64}$")
+KIND = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+def check_key(key: Any, what: str = "artifact key") -> str:
+    """`key` if it is a 64-digit lowercase hex content key; `InvalidArtifactKeyError` otherwise."""
+    if not isinstance(key, str) or not KEY.match(key):
+        raise InvalidArtifactKeyError(
+            f"{what} {str(key)[:100]!r} is not a 64-digit hex content key; refusing to build a path from it "
+            "(was the materialization's metadata written by something other than dagster-rl?)"
+        )
+    return key
+
+
+def _check_kind(kind: str) -> str:
+    if not isinstance(kind, str) or not KIND.match(kind):
+        raise InvalidArtifactKeyError(f"artifact kind {str(kind)[:100]!r} is not a lowercase identifier")
+    return kind
+
+
+def _check_name(kind: str, key: str, name: Any) -> str:
+    if not isinstance(name, str) or not FILE_NAME.match(name):
+        raise CorruptArtifactError(f"artifact {kind}/{key} lists a file named {str(name)[:100]!r}, which is not a plain file name")
+    return name
 
 
 class ArtifactRef(BaseModel):
@@ -29,48 +92,154 @@ class ArtifactRef(BaseModel):
     content_hash: str
     uri: str
 
+    @property
+    def path(self) -> str:
+        """Where the artifact lies relative to the store's root: what metadata records."""
+        return f"{self.kind}/{self.key}"
+
 
 class ArtifactStore:
-    def __init__(self, url: str):
+    def __init__(self, url: str, warn: Warn | None = None):
         self.url = url.rstrip("/")
         self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        self.root = self.root.rstrip("/")
+        self._local = type(self.fs) is LocalFileSystem  # a subclass may refuse writes: use fsspec's calls
+        self.warn: Warn = warn or (lambda message: None)
 
     def _dir(self, kind: str, key: str) -> str:
-        return f"{self.root}/{kind}/{key}"
+        return f"{self.root}/{_check_kind(kind)}/{check_key(key)}"
 
     def exists(self, kind: str, key: str) -> bool:
         return self.fs.exists(f"{self._dir(kind, key)}/{MANIFEST}")
 
-    def _manifest(self, kind: str, key: str) -> dict[str, Any]:
+    # ---- reading ---------------------------------------------------------------------------
+
+    def _manifest(self, kind: str, key: str) -> dict[str, str]:
+        """The artifact's file name -> sha256; `CorruptArtifactError` when the manifest is unreadable."""
         path = f"{self._dir(kind, key)}/{MANIFEST}"
         try:
             with self.fs.open(path, "rb") as f:
-                return json.loads(f.read())
+                raw = f.read()
         except FileNotFoundError:
-            raise DagsterRLError(
-                f"artifact {kind}/{key} is not in the store at {self.url}; re-run the step that makes it"
-            ) from None
+            raise MissingArtifactError(f"artifact {kind}/{key} is not in the store at {self.url}; re-run the step that makes it") from None
+        try:
+            files = json.loads(raw)["files"]
+            if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+                raise TypeError("files is not a mapping of names to hashes")
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptArtifactError(f"artifact {kind}/{key} has an unreadable {MANIFEST} ({len(raw)} bytes: {e})") from None
+        return {_check_name(kind, key, name): digest for name, digest in files.items()}
+
+    def _read(self, kind: str, key: str, name: str, manifest: dict[str, str]) -> bytes:
+        if name not in manifest:
+            raise DagsterRLError(f"artifact {kind}/{key} has no file {name!r}; it holds {sorted(manifest)}")
+        try:
+            with self.fs.open(f"{self._dir(kind, key)}/{name}", "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise CorruptArtifactError(f"artifact {kind}/{key}: its file {name} is missing, though its manifest lists it") from None
+        if sha256_hex(data) != manifest[name]:
+            raise CorruptArtifactError(
+                f"artifact {kind}/{key}: its file {name} is corrupt ({len(data)} bytes whose hash does not match the manifest)"
+            )
+        return data
+
+    def _checked(self, kind: str, key: str, read: Callable[[], Any]) -> Any:
+        """read(), moving the artifact aside when it turns out corrupt (and re-raising, with where it went)."""
+        try:
+            return read()
+        except CorruptArtifactError as e:
+            raise CorruptArtifactError(f"{e}. {self.move_aside(kind, key)}") from None
 
     def ref(self, kind: str, key: str) -> ArtifactRef:
-        manifest = self._manifest(kind, key)
-        return ArtifactRef(kind=kind, key=key, content_hash=content_hash(manifest), uri=f"{self.url}/{kind}/{key}")
+        manifest = self._checked(kind, key, lambda: self._manifest(kind, key))
+        return self._ref(kind, key, manifest)
+
+    def _ref(self, kind: str, key: str, manifest: dict[str, str]) -> ArtifactRef:
+        return ArtifactRef(kind=kind, key=key, content_hash=content_hash({"files": manifest}), uri=f"{self.url}/{kind}/{key}")
+
+    def get(self, kind: str, key: str, name: str) -> bytes:
+        return self._checked(kind, key, lambda: self._read(kind, key, name, self._manifest(kind, key)))
+
+    def get_all(self, kind: str, key: str) -> dict[str, bytes]:
+        return self._get_all(kind, key)[0]
+
+    def _get_all(self, kind: str, key: str) -> tuple[dict[str, bytes], ArtifactRef]:
+        def read() -> tuple[dict[str, bytes], ArtifactRef]:
+            manifest = self._manifest(kind, key)
+            return {name: self._read(kind, key, name, manifest) for name in manifest}, self._ref(kind, key, manifest)
+
+        return self._checked(kind, key, read)
+
+    def get_model(self, kind: str, key: str, model: type[M]) -> M:
+        return model.model_validate_json(self.get(kind, key, DATA))
+
+    def verify(self, kind: str, key: str) -> str | None:
+        """What is wrong with the stored artifact (re-hashing every file), or None; moves nothing."""
+        try:
+            manifest = self._manifest(kind, key)
+            for name in manifest:
+                self._read(kind, key, name, manifest)
+        except (CorruptArtifactError, MissingArtifactError, InvalidArtifactKeyError) as e:
+            return str(e)
+        return None
+
+    # ---- writing ---------------------------------------------------------------------------
 
     def put(self, kind: str, key: str, files: dict[str, bytes]) -> ArtifactRef:
-        """Store `files` under (kind, key) unless an identical artifact is there already."""
-        manifest = {"files": {name: sha256_hex(data) for name, data in sorted(files.items())}}
-        if self.exists(kind, key):
-            if self._manifest(kind, key) != manifest:
-                raise ArtifactConflictError(
-                    f"artifact {kind}/{key} already exists with other content; the computation that makes it "
-                    "is not deterministic, or its code changed without a new code version. Nothing was overwritten."
-                )
-            return self.ref(kind, key)
+        """Store `files` under (kind, key); an artifact already there is kept (see the module doc)."""
+        return self._put(kind, key, files)[0]
+
+    def _put(self, kind: str, key: str, files: dict[str, bytes]) -> tuple[ArtifactRef, bool]:
+        """(ref, adopted): adopted is True when the stored artifact is another writer's, with other bytes."""
+        manifest = {_check_name(kind, key, name): sha256_hex(data) for name, data in sorted(files.items())}
         folder = self._dir(kind, key)
-        self.fs.makedirs(folder, exist_ok=True)
-        for name, data in files.items():
-            self._write_atomic(f"{folder}/{name}", data)
-        self._write_atomic(f"{folder}/{MANIFEST}", canonical_json(manifest))
-        return self.ref(kind, key)
+        if not self.exists(kind, key):
+            try:
+                self._commit(kind, key, folder, files, manifest)
+            except OSError as e:
+                raise StoreWriteError(f"could not write artifact {kind}/{key} to the store at {self.url}: {e}") from e
+        stored = self._checked(kind, key, lambda: self._manifest(kind, key))
+        if stored == manifest:
+            return self._ref(kind, key, stored), False
+        if kind not in ADOPTING_KINDS:
+            raise ArtifactConflictError(
+                f"artifact {kind}/{key} already exists with other content; the computation that makes it "
+                "is not deterministic, or its code changed without a new code version. Nothing was overwritten."
+            )
+        self.warn(
+            f"artifact {kind}/{key} was stored by another computation of the same key with other bytes (float "
+            "compute differs in its last bits); kept the first one, and this step continues from it"
+        )
+        return self._ref(kind, key, stored), True
+
+    def _commit(self, kind: str, key: str, folder: str, files: dict[str, bytes], manifest: dict[str, str]) -> None:
+        if not self._local:  # no atomic rename: files first, the manifest (which makes it exist) last
+            self.fs.makedirs(folder, exist_ok=True)
+            for name, data in files.items():
+                self._write_atomic(f"{folder}/{name}", data)
+            self._write_atomic(f"{folder}/{MANIFEST}", canonical_json({"files": manifest}))
+            return
+        staging = f"{self.root}/{kind}/.staging-{key}-{uuid.uuid4().hex}"
+        os.makedirs(staging)
+        try:
+            for name, data in [*files.items(), (MANIFEST, canonical_json({"files": manifest}))]:
+                with open(f"{staging}/{name}", "wb") as f:
+                    f.write(data)
+            for attempt in range(2):
+                try:
+                    os.rename(staging, folder)
+                    return
+                except OSError as e:
+                    if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                        raise
+                    if self.exists(kind, key):
+                        return  # another writer was first: its artifact wins
+                    if attempt == 0:  # a folder without a manifest: an interrupted write of an older version
+                        self.move_aside(kind, key, reason="incomplete")
+            raise OSError(f"could not move {staging} into place at {folder}")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def _write_atomic(self, path: str, data: bytes) -> None:
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
@@ -78,46 +247,80 @@ class ArtifactStore:
             f.write(data)
         self.fs.mv(tmp, path)
 
-    def get(self, kind: str, key: str, name: str) -> bytes:
-        manifest = self._manifest(kind, key)
-        if name not in manifest["files"]:
-            raise DagsterRLError(f"artifact {kind}/{key} has no file {name!r}; it holds {sorted(manifest['files'])}")
-        with self.fs.open(f"{self._dir(kind, key)}/{name}", "rb") as f:
-            data = f.read()
-        if sha256_hex(data) != manifest["files"][name]:
-            raise DagsterRLError(f"artifact {kind}/{key}/{name} is corrupt (its hash does not match the manifest)")
-        return data
-
-    def get_all(self, kind: str, key: str) -> dict[str, bytes]:
-        return {name: self.get(kind, key, name) for name in self._manifest(kind, key)["files"]}
-
     def put_model(self, kind: str, key: str, value: BaseModel) -> ArtifactRef:
         return self.put(kind, key, {DATA: canonical_json(value)})
 
-    def get_model(self, kind: str, key: str, model: type[M]) -> M:
-        return model.model_validate_json(self.get(kind, key, DATA))
+    def move_aside(self, kind: str, key: str, reason: str = "corrupt") -> str:
+        """Move the artifact's folder to the quarantine (never delete it); say what was done."""
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        target = f"{self.root}/quarantine/{_check_kind(kind)}/{check_key(key)}.{stamp}.{reason}"
+        try:
+            self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+            self.fs.mv(self._dir(kind, key), target, recursive=True)
+        except OSError as e:
+            return f"It could not be moved aside ({e}): move or delete {self._dir(kind, key)} by hand, then re-run."
+        return f"It was moved aside to {target}, so that the step that makes it computes it again."
+
+    # ---- cache -----------------------------------------------------------------------------
 
     def get_or_put(self, kind: str, key: str, model: type[M], compute: Callable[[], M]) -> tuple[M, ArtifactRef, bool]:
         """The model stored under (kind, key), or `compute()` stored there: (value, ref, hit)."""
-        if self.exists(kind, key):
-            return self.get_model(kind, key, model), self.ref(kind, key), True
-        value = compute()
-        return value, self.put_model(kind, key, value), False
+        made: list[M] = []
+
+        def files() -> dict[str, bytes]:
+            made.append(compute())
+            return {DATA: canonical_json(made[0])}
+
+        stored, ref, hit, adopted = self._get_or_put_files(kind, key, files)
+        value = made[0] if made and not adopted else model.model_validate_json(stored[DATA])
+        return value, ref, hit
 
     def get_or_put_files(
         self, kind: str, key: str, compute: Callable[[], dict[str, bytes]]
     ) -> tuple[dict[str, bytes], ArtifactRef, bool]:
         """`get_or_put` for an artifact of several files (name -> bytes)."""
-        if self.exists(kind, key):
-            return self.get_all(kind, key), self.ref(kind, key), True
-        files = compute()
-        return files, self.put(kind, key, files), False
+        files, ref, hit, _ = self._get_or_put_files(kind, key, compute)
+        return files, ref, hit
 
-    def put_record(self, path: str, value: dict[str, Any]) -> dict[str, Any]:
-        """Write a small JSON record once; return what is there (the first write wins)."""
-        full = f"{self.root}/records/{path}.json"
-        if not self.fs.exists(full):
-            self.fs.makedirs(full.rsplit("/", 1)[0], exist_ok=True)
-            self._write_atomic(full, canonical_json(value))
-        with self.fs.open(full, "rb") as f:
-            return json.loads(f.read())
+    def _get_or_put_files(
+        self, kind: str, key: str, compute: Callable[[], dict[str, bytes]]
+    ) -> tuple[dict[str, bytes], ArtifactRef, bool, bool]:
+        """(files, ref, hit, adopted). A stored artifact that turns out corrupt is moved aside and
+        computed again; one that another writer stored first is adopted (see the module doc)."""
+        if self.exists(kind, key):
+            try:
+                files, ref = self._get_all(kind, key)
+                return files, ref, True, False
+            except CorruptArtifactError as e:
+                self.warn(f"{e} Computing it again now.")
+        files = compute()
+        ref, adopted = self._put(kind, key, files)
+        return (self.get_all(kind, key) if adopted else files), ref, False, adopted
+
+    # ---- partial artifacts -----------------------------------------------------------------
+
+    def put_partial(self, kind: str, key: str, files: dict[str, bytes], missing: list[str]) -> ArtifactRef:
+        """Store what a computation of (kind, key) made when `missing` trials failed, under a key of
+        its own, and remember it as the latest partial of `key`."""
+        partial_key = cache_key("partial", "store-partial-1", of_kind=kind, of_key=check_key(key), missing=sorted(missing))
+        ref = self.put(kind, partial_key, files)
+        pointer = self._pointer(kind, key)
+        try:
+            self.fs.makedirs(pointer.rsplit("/", 1)[0], exist_ok=True)
+            self._write_atomic(pointer, partial_key.encode())
+        except OSError as e:
+            raise StoreWriteError(f"could not record the partial artifact of {kind}/{key} in the store at {self.url}: {e}") from e
+        return ref
+
+    def partial(self, kind: str, key: str) -> str | None:
+        """The key of the latest partial artifact of (kind, key), when one is stored."""
+        try:
+            with self.fs.open(self._pointer(kind, key), "rb") as f:
+                partial_key = check_key(f.read().decode(errors="replace").strip(), f"partial of {kind}/{key}")
+        except FileNotFoundError:
+            return None
+        return partial_key if self.exists(kind, partial_key) else None
+
+    def _pointer(self, kind: str, key: str) -> str:
+        return f"{self.root}/partials/{_check_kind(kind)}/{check_key(key)}"
+

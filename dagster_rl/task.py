@@ -13,6 +13,9 @@ A task provides, in its own package:
    `max_reward`, the top of the reward scale the checks hold rewards to).
 2. `loop`: a factory of its `TaskLoop`, which makes the initial weights, loads stored weights and
    walks a range of steps, yielding a `StepResult` per step (and a `StepAsset` per extra asset).
+   It stores a step's rollouts and rewards with `dagster_rl.steps.trial_set` (trial by trial: a
+   failed trial is never cached as a result, a re-run attempts only the failed ones) and reports
+   trials generated and judged into `backends.progress`.
 3. `score`: the in-process verifier + rubric, `(exp, trajectory) -> reward`. The judge
    environment's `in_process` backend runs it; the `openai` backend (an LLM judge) asks `grading`
    for its prompt and keeps the verifier's verdict.
@@ -24,6 +27,7 @@ A task provides, in its own package:
    supervised warm-up, `<exp>/sft`): unpartitioned, upstream of the step chain in the asset graph,
    and step 0's weights are its weights. The loop's `initial_weights` returns them (computing them
    through the artifact cache when the asset has not run); the Dagster layer builds the asset.
+7. `commands`: subcommands it adds to the `dagster-rl` CLI (the language models' `serve`).
 
 Words, one per idea:
     experiment   one YAML file's settings, validated by the task's `Experiment` subclass
@@ -36,6 +40,7 @@ Words, one per idea:
     backend      the named implementation an environment runs (`sandbox`, `hf`, `torchrun`, ...)
 """
 
+import argparse
 import importlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +51,8 @@ from pydantic import BaseModel
 
 from dagster_rl.checks import CheckOutcome
 from dagster_rl.experiment import Experiment
+from dagster_rl.pods import PodLauncher
+from dagster_rl.progress import Progress
 from dagster_rl.retries import Limits
 from dagster_rl.store import ArtifactRef, ArtifactStore
 
@@ -80,7 +87,8 @@ class StepResult(BaseModel):
     cache: dict[str, str]  # asset -> hit | miss
     refs: dict[str, ArtifactRef]
     behavior_policy: dict[str, str | int]
-    skipped_trials: list[str]
+    skipped_trials: list[str]  # failed after their retries: the step is partial, a re-run attempts them again
+    recovered_trials: list[str] = []  # failed in an earlier attempt of the step, succeeded now
     trials_executed: int
     judge_calls: int
     metrics: dict[str, float]  # the task's own numbers, drawn as plots
@@ -137,30 +145,51 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class Backends:
-    """The backends one loop calls, built by the environments (or directly in a plain loop)."""
+    """The backends one loop calls, built by the environments (or directly in a plain loop), and
+    where the loop reports how far its running steps are (trials generated and judged)."""
 
     rollout: Any
     judge: JudgeBackend
     trainer: Any
+    progress: Progress = field(default_factory=Progress)
 
 
 Launch = Callable[[list[str], dict[str, str]], None]  # run a command (the trainer's torchrun) with extra env
 
 
 @dataclass(frozen=True)
+class Endpoint:
+    """An OpenAI-compatible inference server (vLLM, or `dagster-rl serve`) a rollout backend calls.
+
+    `adapter_dir`: where a backend writes adapters for the server to load, a folder both the driver
+    and the server read at the same path; empty: the server reads them in the artifact store itself
+    (a local or mounted store)."""
+
+    base_url: str  # e.g. http://vllm:8000/v1
+    api_key: str | None = None
+    request_timeout_s: float = 60.0
+    adapter_dir: str = ""
+    start: Callable[[], None] | None = None  # starts the server when the environment manages one; call before use
+
+
+@dataclass(frozen=True)
 class RolloutEnv:
-    """What the rollout environment gives a backend: its limits, and a folder for trials' scratch."""
+    """What the rollout environment gives a backend: its limits, a folder for trials' scratch, and
+    the inference server it runs against (none: the backend generates in this process)."""
 
     limits: Limits
     scratch_dir: Path
+    endpoint: Endpoint | None = None
 
 
 @dataclass(frozen=True)
 class TrainerEnv:
-    """What the trainer environment gives a backend: its limits, and how to launch a command."""
+    """What the trainer environment gives a backend: its limits, how to launch a command on this
+    machine, and how to launch a set of pods on a cluster (`dagster_rl.pods`)."""
 
     limits: Limits
     launch: Launch | None = None
+    pods: PodLauncher | None = None
 
 
 class LLMGrading(Protocol):
@@ -198,6 +227,15 @@ class WarmupSpec:
 
 
 @dataclass(frozen=True)
+class Command:
+    """A `dagster-rl <name>` subcommand a task adds (see `Task.commands`)."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], None]
+
+
+@dataclass(frozen=True)
 class Task(Generic[E]):
     kind: str
     experiment: type[E]
@@ -208,6 +246,7 @@ class Task(Generic[E]):
     grading: LLMGrading | None = None
     step_assets: tuple[StepAssetSpec, ...] = field(default=())
     warmup: WarmupSpec | None = None
+    commands: Mapping[str, Command] = field(default_factory=dict)
 
     def warmup_of(self, exp: E) -> WarmupSpec | None:
         """The warm-up asset this experiment has, if any."""

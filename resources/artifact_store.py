@@ -1,6 +1,7 @@
 """Where artifacts live: the content-addressed store (`dagster_rl.store`) as a Dagster resource."""
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from dagster import ConfigurableResource
@@ -28,5 +29,6 @@ class ArtifactStoreResource(ConfigurableResource):
 
     url: str = Field("", description="fsspec URL; empty means $DAGSTER_HOME/artifacts")
 
-    def get_store(self) -> ArtifactStore:
-        return ArtifactStore(self.url or default_artifact_url())
+    def get_store(self, warn: Callable[[str], None] | None = None) -> ArtifactStore:
+        """The store; `warn` hears what it repairs (a corrupt artifact moved aside, one adopted)."""
+        return ArtifactStore(self.url or default_artifact_url(), warn)

@@ -2,20 +2,26 @@
 concurrency, each building the backend an experiment runs (through its task's record)."""
 
 import tempfile
+import threading
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from dagster import AssetExecutionContext, ConfigurableResource
-from pydantic import Field
+from dagster import AssetExecutionContext, ConfigurableResource, InitResourceContext
+from pydantic import Field, PrivateAttr
 
 from dagster_rl.experiment import Experiment
 from dagster_rl.judge_journal import JudgeJournal
 from dagster_rl.llm_judge import LLMJudge, OpenAIChatClient
+from dagster_rl.pods import PodJob
 from dagster_rl.retries import Limits
 from dagster_rl.rubric_judge import RubricJudge
-from dagster_rl.task import Backend, JudgeBackend, RolloutEnv, TrainerEnv, task_of
+from dagster_rl.server_process import ManagedServer
+from dagster_rl.task import Backend, Endpoint, JudgeBackend, RolloutEnv, TrainerEnv, task_of
+from dagster_rl.vllm_client import VLLMClient
 from resources.artifact_store import ArtifactStoreResource
+from resources.k8s_launcher import PipesK8sJobLauncher
 from resources.trainer_launcher import PipesTorchrunLauncher
 
 
@@ -30,24 +36,69 @@ class _Environment(ConfigurableResource):
 
 class RolloutEnvironment(_Environment):
     """Runs a step's trials with the rollout backend the experiment's task names: the sandboxed
-    secret_search agent (`sandbox`), or batched `transformers` generation of a language model (`hf`).
+    secret_search agent (`sandbox`), batched `transformers` generation of a language model (`hf`),
+    or a warm vLLM server over its OpenAI-compatible API (`openai_server`, at `base_url`).
+
+    Where the server is and how to reach it belong here, not in the experiment: the same experiment
+    runs against whatever server this code location deploys, and its key stays out of experiment
+    files (use `EnvVar`). With `server_command` (where a machine has vLLM and a GPU, e.g.
+    `["vllm", "serve", "<model>", "--enable-lora", "--port", "8000"]`) the environment starts the
+    server when a backend first needs it, waits until it is healthy, and stops it when the run ends.
 
     Examples:
         .. code-block:: python
 
-            from dagster import Definitions
+            from dagster import Definitions, EnvVar
             from resources import RolloutEnvironment
 
             defs = Definitions(
                 assets=[...],
-                resources={"rollout": RolloutEnvironment(max_retries=3, timeout_s=120, sandbox_root="/scratch")},
+                resources={
+                    "rollout": RolloutEnvironment(
+                        base_url="http://vllm:8000/v1", api_key=EnvVar("VLLM_API_KEY"), max_concurrency=64,
+                        max_retries=3, timeout_s=120, sandbox_root="/scratch",
+                    )
+                },
             )
     """
 
     sandbox_root: str = Field("", description="where trials may write (sandboxes); empty means the system temp dir")
+    base_url: str = Field("", description="openai_server: the server's OpenAI-compatible base URL, e.g. http://vllm:8000/v1")
+    api_key: str = Field("", description="openai_server: sent as a Bearer token when set (use EnvVar for secrets)")
+    request_timeout_s: float = Field(120.0, gt=0, description="openai_server: time limit of one HTTP request")
+    adapter_dir: str = Field(
+        "",
+        description="openai_server: a folder the driver writes adapters to and the server reads at the same path; "
+        "empty: the server reads the weights' artifact folders (a local or mounted artifact store)",
+    )
+    server_command: list[str] = Field(default_factory=list, description="start this server for the run (e.g. vllm serve ...)")
+    server_startup_timeout_s: float = Field(900.0, gt=0)
+    _server: ManagedServer | None = PrivateAttr(None)
+    _server_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    def endpoint(self) -> Endpoint | None:
+        if not self.base_url:
+            if self.server_command:
+                raise ValueError("RolloutEnvironment(server_command=...) needs the base_url the server will answer at")
+            return None
+        return Endpoint(self.base_url, self.api_key or None, self.request_timeout_s, self.adapter_dir, self._start_server)
+
+    def _start_server(self) -> None:
+        """Start the managed server once, on first use (no command: the server is someone else's)."""
+        if not self.server_command:
+            return
+        with self._server_lock:
+            if self._server is None:
+                client = VLLMClient(self.base_url, self.api_key or None)
+                self._server = ManagedServer(self.server_command, client, self.server_startup_timeout_s).start()
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
 
     def backend_for(self, exp: Experiment) -> Backend:
-        env = RolloutEnv(self.limits(), Path(self.sandbox_root or tempfile.gettempdir()))
+        env = RolloutEnv(self.limits(), Path(self.sandbox_root or tempfile.gettempdir()), self.endpoint())
         return task_of(exp.kind).backend("rollout", exp, env)
 
 
@@ -100,26 +151,51 @@ class JudgeEnvironment(_Environment):
 
 class TrainerEnvironment(_Environment):
     """Runs the policy update with the trainer backend the experiment names: in this process
-    (`in_process`), or (language models, `trainer.backend: torchrun`) `torchrun` on this machine,
-    started by its `launcher` (Dagster Pipes from the driver's step).
+    (`in_process`), or (language models) `torchrun` on this machine (`torchrun`), started by its
+    `launcher` (Dagster Pipes from the driver's step), or an Indexed Job of GPU pods on Kubernetes
+    (`k8s`), placed by its `k8s` launcher.
 
     Examples:
         .. code-block:: python
 
             from dagster import Definitions
-            from resources import PipesTorchrunLauncher, TrainerEnvironment
+            from resources import PipesK8sJobLauncher, PipesTorchrunLauncher, TrainerEnvironment
 
             defs = Definitions(
                 assets=[...],
-                resources={"trainer": TrainerEnvironment(launcher=PipesTorchrunLauncher(), timeout_s=7200)},
+                resources={
+                    "trainer": TrainerEnvironment(
+                        launcher=PipesTorchrunLauncher(),
+                        k8s=PipesK8sJobLauncher(image="registry.example.com/dagster-rl:1.0", workdir="/data/trainer-jobs",
+                                                storage_claim="dagster-rl-shared", storage_mount_path="/data"),
+                        timeout_s=7200,
+                    )
+                },
             )
     """
 
     launcher: PipesTorchrunLauncher
+    k8s: PipesK8sJobLauncher | None = None
     max_retries: int = Field(0, ge=0)
     timeout_s: float = Field(3600.0, gt=0)
     max_concurrency: int = Field(1, ge=1)
 
     def backend_for(self, exp: Experiment, context: AssetExecutionContext | Any) -> Backend:
-        env = TrainerEnv(self.limits(), launch=partial(self.launcher.run, context))
+        pods = _BoundPods(self.k8s, context) if self.k8s is not None else None
+        env = TrainerEnv(self.limits(), launch=partial(self.launcher.run, context), pods=pods)
         return task_of(exp.kind).backend("trainer", exp, env)
+
+
+@dataclass(frozen=True)
+class _BoundPods:
+    """The k8s launcher bound to the driver's step (what `dagster_rl.pods.PodLauncher` promises)."""
+
+    launcher: PipesK8sJobLauncher
+    context: Any
+
+    @property
+    def workdir(self) -> Path:
+        return Path(self.launcher.workdir)
+
+    def run(self, job: PodJob) -> None:
+        self.launcher.run(self.context, job)

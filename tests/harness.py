@@ -57,6 +57,11 @@ class Lab:
     def store(self):
         return self.defs.resources["artifact_store"].get_store()
 
+    def reopen(self, **resources) -> "Lab":
+        """The same home, store and experiments with other resources (a healthy environment, say)."""
+        resources.setdefault("artifact_store", self.defs.resources["artifact_store"])
+        return open_lab(self.home, self.home / "experiments", **resources)
+
     def close(self) -> None:
         self.instance.dispose()
 

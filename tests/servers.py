@@ -38,6 +38,7 @@ from tests.instance_config import PG_ENV, write_dagster_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 LOCATION = "dagster_rl"
+FILES_LOCATION = "experiment_files"
 BIN = Path(sys.executable).parent
 TERMINAL_RUN_STATUSES = {"SUCCESS", "FAILURE", "CANCELED"}
 TERMINAL_BACKFILL_STATUSES = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
@@ -61,10 +62,14 @@ def executable(name: str) -> str:
 
 
 def write_workspace(home: Path, module: str = "assets.definitions") -> Path:
-    """A workspace file in `home` whose code location loads `module` from the repo."""
+    """A workspace file in `home` like the repo's: the code location that loads `module` from the
+    repo, and the `experiment_files` location that fails naming every invalid experiment file."""
     path = home / "workspace.yaml"
-    spec = {"module_name": module, "working_directory": str(REPO), "location_name": LOCATION}
-    path.write_text(yaml.safe_dump({"load_from": [{"python_module": spec}]}, sort_keys=False))
+    locations = [
+        {"python_module": {"module_name": module, "working_directory": str(REPO), "location_name": LOCATION}},
+        {"python_module": {"module_name": "assets.experiment_errors", "working_directory": str(REPO), "location_name": FILES_LOCATION}},
+    ]
+    path.write_text(yaml.safe_dump({"load_from": locations}, sort_keys=False))
     return path
 
 
@@ -280,7 +285,7 @@ class GraphQLClient:
                 ... on Workspace {
                   locationEntries {
                     name loadStatus
-                    locationOrLoadError { __typename ... on PythonError { message stack } }
+                    locationOrLoadError { __typename ... on PythonError { message stack causes { message } } }
                   }
                 }
               }

@@ -4,11 +4,19 @@ from dagster import FloatMetadataValue, IntMetadataValue
 
 from dagster_rl import counters
 from dagster_rl.experiment import step_key
+from dagster_rl.records import Rollouts
+from dagster_rl.secret_search.loop import _rollouts_key, ensure_worlds, initial_weights
+from dagster_rl.secret_search.records import Trajectory
 from resources import JudgeEnvironment, RolloutEnvironment
 from tests.conftest import demo_settings
 from tests.harness import CHAIN, failure_message
 
 STEPS = [step_key(i) for i in range(8)]
+
+
+def step_rollouts_key(exp, store, step: int, behavior=None) -> str:
+    """The key under which a clean computation stores the rollouts of `step` (from `behavior`, default the initial weights)."""
+    return _rollouts_key(exp, step, behavior or initial_weights(exp, store), ensure_worlds(exp, store))
 
 
 def final_weights_bytes(lab, name: str, step: str) -> bytes:
@@ -102,7 +110,7 @@ def test_a_trial_that_fails_after_its_retries_is_skipped(lab):
     assert md["n_trials_planned"] == 24
 
 
-def test_too_few_usable_trials_fails_the_step_and_stores_nothing(lab):
+def test_too_few_usable_trials_fails_the_step_and_caches_no_result(lab):
     no_retries = {"rollout": RolloutEnvironment(max_retries=0)}
     settings = demo_settings(faults={"flaky_trial_rate": 0.6}, min_trials_per_step=20)
     bad = lab("few", settings, **no_retries)
@@ -110,8 +118,13 @@ def test_too_few_usable_trials_fails_the_step_and_stores_nothing(lab):
     assert not result.success
     message = str(failure_message(result))
     assert "step 0000 of demo has" in message and "min_trials_per_step=20" in message
+    assert "a re-run attempts only the failed ones" in message
     assert bad.metadata("demo", "weights") == {}
-    assert not (bad.home / "artifacts" / "rollouts").exists()
+    store, exp = bad.store(), bad.experiments["demo"]
+    clean = step_rollouts_key(exp, store, 0)
+    assert not store.exists("rollouts", clean), "a step with failed trials is never stored under the clean key"
+    kept = store.get_model("rollouts", store.partial("rollouts", clean), Rollouts[Trajectory])
+    assert 0 < len(kept.trajectories) < 20 and len(kept.trajectories) + len(kept.skipped) == 24
 
 
 def test_crash_after_step_3_resumes_at_step_4_with_identical_weights(lab, uninterrupted):

@@ -24,6 +24,13 @@ def load(tmp_path, *raws):
         ({"rubric": {"tidiness": -1}}, "rubric.tidiness", "greater than or equal to 0"),
         ({"task": {"kind": "chess"}}, "task.kind", "'chess' is not a task kind"),
         ({"temprature": 0.7}, "temprature", "Extra inputs are not permitted"),
+        # finding 6 of issue 10: numbers and sizes are checked at load, not at run time
+        ({"grpo": {"learning_rate": float("inf")}}, "grpo.learning_rate", "Input should be a finite number"),
+        ({"rubric": {"tidiness": float("nan")}}, "rubric.tidiness", "Input should be a finite number"),
+        ({"prompts_per_step": 1_000_000_000}, "prompts_per_step", "less than or equal to 32768"),
+        ({"prompts_per_step": 20_000, "n_samples": 4}, "<root>", "= 80000 trials per step, more than the 65536 a step may plan"),
+        ({"min_trials_per_step": 25}, "<root>", "min_trials_per_step=25 is more than the 24 trials a step plans"),
+        ({"prompts_per_step": 200, "task": {"n_worlds": 1000, "n_docs": 1000}}, "<root>", "200000 documents, more than 100000"),
     ],
 )
 def test_invalid_settings_name_file_field_and_reason(tmp_path, override, field, reason):
@@ -44,17 +51,30 @@ def test_not_yaml_is_refused_with_the_file_name(tmp_path):
         load_experiments(folder)
 
 
-def test_definition_load_fails_on_a_bad_file_with_the_reason(tmp_path):
-    folder = write_experiments(tmp_path / "exp", demo_settings(n_samples=1))
-    proc = subprocess.run(
-        [sys.executable, "-c", "import assets.definitions"],
-        cwd=REPO,
-        env={"DAGSTER_RL_EXPERIMENTS": str(folder), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode != 0
-    assert "demo.yaml: invalid experiment: field 'n_samples'" in proc.stderr
+def test_one_bad_file_leaves_the_others_usable_and_its_error_visible(tmp_path):
+    folder = write_experiments(tmp_path / "exp", demo_settings(), demo_settings(name="broken", n_samples=1))
+    (folder / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
+    env = {"DAGSTER_RL_EXPERIMENTS": str(folder), "PATH": "/usr/bin:/bin"}
+
+    def python(code: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
+
+    # the dagster_rl code location serves the valid experiment, and warns about the others
+    loaded = python("import assets.definitions as d; print(d.defs.resolve_job_def('demo_train').name)")
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip() == "demo_train"
+    assert "broken.yaml: invalid experiment: field 'n_samples'" in loaded.stderr
+    assert "latin1.yaml: not UTF-8 text" in loaded.stderr
+    # the experiment_files code location fails with both errors: the UI shows it as a location problem
+    failed = python("import assets.experiment_errors")
+    assert failed.returncode != 0
+    assert "2 invalid experiment files" in failed.stderr and "GRPO normalizes rewards within a group" in failed.stderr
+    assert "latin1.yaml: not UTF-8 text (byte 9: invalid continuation byte)" in failed.stderr
+
+
+def test_the_experiment_files_location_loads_empty_when_every_file_is_valid():
+    proc = subprocess.run([sys.executable, "-c", "import assets.experiment_errors"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_a_fork_inherits_its_parent_and_overrides_what_it_names(tmp_path):
@@ -80,3 +100,15 @@ def test_two_files_with_one_name_are_refused(tmp_path):
 
 def test_shipped_experiments_load():
     assert "demo" in load_experiments(REPO / "experiments")
+
+
+def test_a_step_makes_only_the_worlds_it_uses(tmp_path):
+    """finding 6: 1000 worlds of 1000 documents load, and a step makes the 6 its 6 prompts play."""
+    from dagster_rl.secret_search.loop import ensure_worlds, initial_weights
+    from dagster_rl.store import ArtifactStore
+
+    exp = load(tmp_path, demo_settings(task={"n_worlds": 1000, "n_docs": 1000}))["demo"]
+    store = ArtifactStore(f"file://{tmp_path}/store")
+    assert sorted(ensure_worlds(exp, store)) == ["w0", "w1", "w2", "w3", "w4", "w5"]
+    assert len(list((tmp_path / "store" / "worlds").iterdir())) == 6
+    assert sorted(initial_weights(exp, store).payload.doc_prior) == ["w0", "w1", "w2", "w3", "w4", "w5"]

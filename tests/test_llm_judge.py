@@ -279,3 +279,19 @@ def _rollout(run, step: str, trial_id: str):
 
     rollouts = run.store().get_model("rollouts", run.latest("lm_llm", "rollouts", step)["artifact_key"], Rollouts[LMRollout])
     return next(t for t in rollouts.trajectories if t.trial_id == trial_id)
+
+
+def test_a_judge_that_answers_megabytes_has_a_bounded_journal(stub, store, tmp_path):
+    """finding 7 of issue 10: 5 MB replies were journaled in full (115 MB for one step)."""
+    from dagster_rl.judge_journal import MAX_REPLY_CHARS
+    from dagster_rl.hashing import sha256_hex
+
+    exp, trajs = experiment(), [trajectory(i) for i in range(4)]
+    stub.reply_text = "SCORE: 0.5\n" + "blah " * 1_000_000
+    rewards = [make_judge(stub, store).judge(exp, t) for t in trajs]
+    assert all(r.components["llm"] == 0.5 for r in rewards)  # scored from the whole reply
+    stored = sum(f.stat().st_size for f in (tmp_path / "artifacts" / KIND).rglob("*") if f.is_file())
+    assert stored < 4 * (MAX_REPLY_CHARS + 4096), stored
+    entry = JudgeJournal(store).lookup(trajectory_hash(trajs[0]), rubric_hash(exp.rubric, SecretSearchGrading.prompt_version), MODEL)
+    assert entry.reply == stub.reply_text[:MAX_REPLY_CHARS]
+    assert (entry.reply_chars, entry.reply_sha256) == (len(stub.reply_text), sha256_hex(stub.reply_text.encode()))

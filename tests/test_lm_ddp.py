@@ -7,14 +7,15 @@ import torch
 from dagster_pipes import encode_param
 from safetensors.torch import load_file
 
-from dagster_rl.lm.policy import checkpoint_bytes, load_checkpoint, make_optimizer, save_checkpoint
+from dagster_rl.lm.policy import checkpoint_bytes, load_checkpoint, load_policy, make_optimizer, save_checkpoint
 from dagster_rl.lm.settings import GRPOLMSettings
-from dagster_rl.lm.trainer import TrainMetrics, build_samples, train_step
+from dagster_rl.lm.trainer import TrainMetrics, build_samples, micro_batches, shard, train_step
 from dagster_rl.lm.worker import CHECKPOINT_DIR, GRADS, METRICS, TrainBatch, TrainJob, launch_torchrun, write_job
 from tests.lm_fixtures import GRPO, fresh_policy, policy_settings, run, step_batch, tiny_dir  # noqa: F401
 
-# a strong KL weight: with a 1-sample batch (one rank's shard empty) the KL term is the whole gradient
-DDP_GRPO = GRPOLMSettings(**{**GRPO.model_dump(), "kl_beta": 0.5, "clip_eps": 0.05})
+# a strong KL weight: with a 1-sample batch (one rank's shard empty) the KL term is the whole gradient;
+# a small token budget: a rank's shard of 3 samples is 2 micro-batches, the single process's 6 are 3 or 4
+DDP_GRPO = GRPOLMSettings(**{**GRPO.model_dump(), "kl_beta": 0.5, "clip_eps": 0.05, "micro_batch_tokens": 16})
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +43,9 @@ def _pipes_env(messages) -> dict[str, str]:
     }
 
 
-def _single_process(tiny_dir, folder, batch):
+def _single_process(tiny_dir, folder, batch, device):
     files = load_checkpoint(folder)
-    policy = fresh_policy(tiny_dir, files)
+    policy = load_policy(policy_settings(tiny_dir).model_copy(update={"device": device}), files)
     optimizer = make_optimizer(policy, DDP_GRPO, files)
     samples, facts = build_samples(batch.rollouts, batch.rewards, DDP_GRPO.advantage_eps)
     grads = {}
@@ -52,13 +53,21 @@ def _single_process(tiny_dir, folder, batch):
     return grads, metrics, checkpoint_bytes(policy, optimizer)
 
 
-@pytest.mark.parametrize("n_samples", [1, 6], ids=["one-shard-empty", "both-shards-full"])
-def test_two_rank_gradients_equal_single_process(tiny_dir, trained_v1, tmp_path, n_samples):
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason=f"a 2-rank NCCL step needs 2 GPUs; torch sees {torch.cuda.device_count()}")
+
+
+@pytest.mark.parametrize(
+    "n_samples,device",
+    [(1, "cpu"), (6, "cpu"), pytest.param(6, "cuda", marks=[pytest.mark.cuda, TWO_GPUS])],
+    ids=["one-shard-empty", "both-shards-full", "nccl-both-shards-full"],
+)
+def test_two_rank_gradients_equal_single_process(tiny_dir, trained_v1, tmp_path, n_samples, device):
     folder, rollouts, rewards = trained_v1
     batch = TrainBatch(rollouts=rollouts[:n_samples], rewards=rewards[:n_samples])
     (tmp_path / "batch.json").write_text(batch.model_dump_json())
     job = TrainJob(
         policy=policy_settings(tiny_dir),
+        device=device,
         grpo=DDP_GRPO,
         input_checkpoint=str(folder),
         batch=str(tmp_path / "batch.json"),
@@ -72,7 +81,12 @@ def test_two_rank_gradients_equal_single_process(tiny_dir, trained_v1, tmp_path,
 
     dist_grads = load_file(str(tmp_path / "out" / GRADS))
     dist_metrics = TrainMetrics.model_validate_json((tmp_path / "out" / METRICS).read_text())
-    grads, metrics, files = _single_process(tiny_dir, folder, batch)
+    grads, metrics, files = _single_process(tiny_dir, folder, batch, device)
+    grads = {k: v.cpu() for k, v in grads.items()}
+    samples, _ = build_samples(batch.rollouts, batch.rewards, DDP_GRPO.advantage_eps)
+    packed = [len(micro_batches(shard(samples, rank, 2), DDP_GRPO.micro_batch_tokens)) for rank in range(2)]
+    assert packed == ([1, 0] if n_samples == 1 else [2, 2])
+    assert len(micro_batches(samples, DDP_GRPO.micro_batch_tokens)) == (1 if n_samples == 1 else 3)
 
     assert set(dist_grads) == set(grads) and len(grads) == 26  # (2 layers x 6 modules + lm_head) x (A, B)
     assert sum(float(g.norm()) for g in grads.values()) > 1e-3
@@ -80,7 +94,7 @@ def test_two_rank_gradients_equal_single_process(tiny_dir, trained_v1, tmp_path,
         torch.testing.assert_close(dist_grads[name], g, rtol=1e-5, atol=1e-8, msg=lambda m: f"{name}: {m}")
     assert dist_metrics.world_size == 2 and metrics.world_size == 1
     assert dist_metrics.samples_used == metrics.samples_used == n_samples
-    for field in ("loss", "ratio", "kl", "clip_frac", "grad_norm"):
+    for field in ("loss", "ratio", "ratio_max_dev", "kl", "clip_frac", "grad_norm"):
         assert getattr(dist_metrics, field) == pytest.approx(getattr(metrics, field), rel=1e-5, abs=1e-8), field
     assert metrics.kl > 0 and metrics.ratio != 1.0
     # the written checkpoint is the single-process one, up to float noise
@@ -102,8 +116,8 @@ def test_two_rank_gradients_equal_single_process(tiny_dir, trained_v1, tmp_path,
 def test_torchrun_command():
     cmd = launch_torchrun("job.json", nproc_per_node=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29400, python="py")
     assert cmd == [
-        "py", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "4", "--max-restarts", "0",
-        "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29400", "-m", "dagster_rl.lm.worker", "job.json",
+        "py", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "4", "--max-restarts", "0", "--rdzv-backend",
+        "static", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29400", "-m", "dagster_rl.lm.worker", "job.json",
     ]
     assert "--standalone" in launch_torchrun("job.json", nproc_per_node=2)
     with pytest.raises(ValueError, match="master_addr"):

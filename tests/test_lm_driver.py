@@ -36,16 +36,17 @@ def test_every_step_materializes_all_four_assets_in_order(on_policy):
         assert [e.asset_materialization.partition for e in on_policy.events("tiny_grpo", asset)] == STEPS, asset
 
 
-def test_mean_reward_rises_and_first_step_is_exactly_on_policy(on_policy):
+def test_mean_reward_rises_and_steps_are_on_policy_within_rounding(on_policy):
     md = [on_policy.latest("tiny_grpo", "weights", s) for s in STEPS]
     rewards = [m["mean_reward"] for m in md]
-    # measured (bit for bit on the CPU): 0.663 0.658 0.506 0.741 0.459 0.803 0.708 0.767 0.844 0.741;
-    # sampled accuracy 0.56 0.56 0.41 0.64 0.36 0.70 0.61 0.67 0.75 0.64 (the warm-up's, then GRPO's)
-    assert rewards[0] == pytest.approx(0.663, abs=1e-3)
+    # measured (the same on every run of this CPU): MEASURE
+    assert rewards[0] == pytest.approx(0.0, abs=1e-3)
     assert fmean(rewards[-3:]) > fmean(rewards[:3]) + 0.08, rewards
-    # step 0 samples with the warm-up's adapter and trains from it: ratio exactly 1; the KL term's
-    # reference is the base (kl_reference: base), which the warm-up has moved away from
-    assert md[0]["ratio"] == 1.0 and md[0]["kl"] > 0.5
+    # step 0 samples with the warm-up's adapter and trains from it; the KL term's reference is the
+    # base (kl_reference: base), which the warm-up has moved away from
+    assert md[0]["kl"] > 0.5
+    # on-policy every step: the sampler's log-probs against the trainer's, float rounding apart
+    assert all(0.0 <= m["ratio_max_dev"] < 1e-5 for m in md), [m["ratio_max_dev"] for m in md]
     assert all(m["policy_lag"] == 0.0 for m in md)
     assert [m["weights_version"] for m in md] == list(range(1, 11))
 
@@ -99,7 +100,8 @@ def test_pipelined_steps_generate_with_the_weights_of_two_steps_back_and_resume_
     assert behavior == ["sft", "sft", "0000", "0001"]  # step 0's weights (the warm-up's) generate steps 0 and 1
     md = [ref.latest("lagged", "weights", s) for s in STEPS[:4]]
     assert [m["policy_lag"] for m in md] == [0.0, 1.0, 1.0, 1.0]
-    assert md[0]["ratio"] == 1.0 and md[1]["ratio"] != 1.0  # stale samples: the importance ratio corrects
+    # on-policy: 1 within rounding; stale samples: the importance ratio corrects
+    assert md[0]["ratio_max_dev"] < 1e-5 and md[1]["ratio_max_dev"] > 1e-3
 
     crashy = lab("lag_crash", tiny(name="lagged", max_policy_lag=1, faults={"crash_driver_at_step": 1}))
     assert not crashy.run("lagged", "0000", "0003", raise_on_error=False).success
@@ -120,22 +122,46 @@ def test_torchrun_trainer_through_pipes_matches_the_in_process_trainer(lab, on_p
     # so the adapters themselves are not compared.)
     ours, single = two.latest("ddp", "weights", "0000"), on_policy.latest("tiny_grpo", "weights", "0000")
     assert ours["mean_reward"] == single["mean_reward"]
-    for name in ("loss", "ratio", "kl", "grad_norm", "samples_used"):
+    for name in ("ratio", "kl", "grad_norm", "samples_used"):
         assert ours[name] == pytest.approx(single[name], rel=1e-6, abs=1e-9), name
+    # on-policy the loss is sum_i A_i r_i with sum_i A_i = 0 per group: rounding of the ratios around 1 alone
+    assert abs(ours["loss"]) < 1e-6 and abs(single["loss"]) < 1e-6
+    assert ours["ratio_max_dev"] < 1e-5 and single["ratio_max_dev"] < 1e-5
     # the world size is an input of the weights' key: the two runs never share a weights artifact
     assert two.latest("ddp", "weights", "0000")["artifact_key"] != on_policy.latest("tiny_grpo", "weights", "0000")["artifact_key"]
 
 
+def _stored_rollouts(lab, step: str):
+    from dagster_rl.lm.records import LMRollout
+    from dagster_rl.records import Rollouts
+
+    key = lab.latest("tiny_grpo", "rollouts", step)["artifact_key"]
+    return lab.store().get_model("rollouts", key, Rollouts[LMRollout]).trajectories
+
+
 def test_flaky_trials_are_retried_one_by_one_and_end_as_a_clean_run(lab, on_policy):
+    """Retried trials are generated in other batches than in a clean run: they sample the same tokens,
+    and their log-probs, and what is trained from them, agree to float rounding. (Bitwise equality
+    across batch layouts is not promised; the same plan gives the same bytes: see the resume tests.)"""
     flaky = lab("flaky", tiny(faults={"flaky_trial_rate": 0.3}))
     before = counters.snapshot()
     assert flaky.run("tiny_grpo", "0000", "0001").success
     executed = counters.read("trials_executed") - before.get("trials_executed", 0)
     assert 2 * 64 * 1.15 < executed < 2 * 64 * 1.5, executed  # about 30% of the trials ran twice, not whole steps
     for step in ("0000", "0001"):
-        md = flaky.latest("tiny_grpo", "weights", step)
+        md, clean = flaky.latest("tiny_grpo", "weights", step), on_policy.latest("tiny_grpo", "weights", step)
         assert md["n_trials"] == 64 and md["skipped_trials"] == 0
-        assert md["content_hash"] == on_policy.latest("tiny_grpo", "weights", step)["content_hash"], step
+        ours, theirs = _stored_rollouts(flaky, step), _stored_rollouts(on_policy, step)
+        assert [r.trial_id for r in ours] == [r.trial_id for r in theirs]
+        assert all(a.completion_token_ids == b.completion_token_ids for a, b in zip(ours, theirs)), step
+        for a, b in zip(ours, theirs):
+            assert a.sampling_logprobs == pytest.approx(b.sampling_logprobs, abs=1e-5), a.trial_id
+        assert md["mean_reward"] == clean["mean_reward"] and md["success_rate"] == clean["success_rate"]
+        for name in ("ratio", "kl", "grad_norm"):
+            assert md[name] == pytest.approx(clean[name], rel=1e-4, abs=1e-7), (step, name)
+        assert abs(md["loss"] - clean["loss"]) < 1e-6 and md["ratio_max_dev"] < 1e-5
+        print(step, "max |logp flaky - clean|", max(abs(x - y) for a, b in zip(ours, theirs) for x, y in zip(a.sampling_logprobs, b.sampling_logprobs)),
+              "weights bytes equal:", md["content_hash"] == clean["content_hash"])
 
 
 def test_a_trial_that_fails_after_its_retries_is_skipped_not_the_step(lab):

@@ -24,8 +24,8 @@ def test_tiny_model_learns_in_a_few_steps(tiny_dir):
         _, scored, metrics = inprocess_step(policy, optimizer, prompt_set, 0, step, 8, 8, sampling, RUBRIC, grpo)
         rewards.append(metrics.mean_reward)
         accuracy.append(statistics.fmean(float(r.correct) for r in scored))
-        if step == 0:
-            assert metrics.ratio == 1.0 and metrics.kl == 0.0
+        if step == 0:  # on-policy: ratio 1 up to the float rounding of the sampler against the trainer
+            assert metrics.ratio_max_dev < 1e-5 and metrics.kl == 0.0
     after = evaluate(policy, prompt_set, RUBRIC, max_new_tokens=1)
     first, last = statistics.fmean(rewards[:2]), statistics.fmean(rewards[-2:])
     print(f"mean reward per step {[round(r, 3) for r in rewards]}; accuracy {[round(a, 3) for a in accuracy]}; "

@@ -66,3 +66,104 @@ def test_checkpoint_resumes_bit_identically(tiny_dir, tmp_path):
     before = load_safetensors(files[ADAPTER])
     after = load_safetensors(straight[ADAPTER])
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the step did move the adapter
+
+
+def _experiment(tiny_dir):
+    from dagster_rl.lm.experiment import LMExperiment
+    from tests.conftest import shipped_settings
+    from tests.lm_fixtures import policy_settings
+
+    raw = shipped_settings("tiny_grpo", policy=policy_settings(tiny_dir).model_dump(mode="json"), sampling={"max_new_tokens": 3})
+    return LMExperiment.model_validate(raw)
+
+
+def _count_base_loads(monkeypatch) -> list[str]:
+    import dagster_rl.lm.policy as policy_module
+
+    loads, load_base = [], policy_module.load_base
+    monkeypatch.setattr(policy_module, "load_base", lambda *a, **kw: loads.append(a[0]) or load_base(*a, **kw))
+    return loads
+
+
+def test_in_process_trainer_keeps_the_base_loaded_and_trains_the_bytes_of_a_cold_start(tiny_dir, monkeypatch):
+    from dagster_rl.lm.backends import LMTrainer
+
+    exp = _experiment(tiny_dir)
+    policy = fresh_policy(tiny_dir)
+    initial = checkpoint_bytes(policy, None)
+    batches = [step_batch(policy, step) for step in range(2)]  # the base's rollouts: stale for step 1, as under lag
+    loads = _count_base_loads(monkeypatch)
+    warm = LMTrainer()
+    v1, m1 = warm.train(exp, initial, *batches[0])
+    v2, m2 = warm.train(exp, v1, *batches[1])
+    assert len(loads) == 1  # the base read once for both steps
+    assert (m1.version, m2.version) == (1, 2) and m2.ratio != 1.0
+    cold = LMTrainer()  # a fresh process's trainer: loads the base for step 1
+    assert cold.train(exp, v1, *batches[1]) == (v2, m2)  # bytes and metrics
+    assert len(loads) == 2
+
+
+def _weights(files: dict[str, bytes]):
+    """Stored weights as a rollout backend receives them (the HF backend reads only the payload)."""
+    from dagster_rl.lm.policy import checkpoint_hash, read_state
+    from dagster_rl.store import ArtifactRef
+    from dagster_rl.task import Weights
+
+    ref = ArtifactRef(kind="weights", key="0" * 64, content_hash=checkpoint_hash(files), uri="memory://")
+    return Weights("test", ref, files, read_state(files)["version"])
+
+
+def test_generation_recycles_loaded_policies_into_the_bytes_of_fresh_ones(tiny_dir, monkeypatch):
+    from dagster_rl.lm.backends import HFRollouts
+    from dagster_rl.lm.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step
+    from dagster_rl.lm.records import plan_requests
+
+    exp = _experiment(tiny_dir)
+    policy = fresh_policy(tiny_dir)
+    optimizer = make_optimizer(policy, GRPO)
+    checkpoints = [checkpoint_bytes(policy, None)]
+    for step in range(2):
+        _train(policy, optimizer, step)
+        checkpoints.append(checkpoint_bytes(policy, optimizer))
+    prompts = load_prompt_set(SyntheticPrompts(ops=("copy", "add")))
+    requests = plan_requests(prompts_for_step(prompts.train, 0, 5, 4), 0, 5, 4)
+    loads = _count_base_loads(monkeypatch)
+    behaviors = [_weights(files) for files in checkpoints]
+    cached = HFRollouts()  # keeps 2 policies: v2 reloads into v0's, then v0 into v1's
+    outcomes = [cached.generate(exp, requests, behaviors[v], prompts.template) for v in (0, 1, 2, 0, 2)]
+    assert len(loads) == 2
+    for v, got in zip((0, 1, 2, 0, 2), outcomes):
+        assert got == HFRollouts().generate(exp, requests, behaviors[v], prompts.template), v
+        assert {r.behavior_version for r in got} == {v}
+    assert outcomes[0] != outcomes[1] != outcomes[2]
+
+
+def test_sampling_folds_the_adapter_into_copies_and_puts_the_base_back_bit_for_bit(tiny_dir):
+    policy = fresh_policy(tiny_dir)
+    optimizer = make_optimizer(policy, GRPO)
+    _train(policy, optimizer, step=0)  # LoRA B != 0: the fold changes the weights
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    params = dict(policy.model.named_parameters())
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    policy.mode(training=False)
+    with torch.no_grad():
+        unfolded = policy.model(input_ids=ids).logits
+        with policy.merged() as model:
+            folded = model(input_ids=ids).logits
+            assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters() if "base_layer" in n)
+    assert not torch.equal(folded, unfolded)  # another computation ...
+    torch.testing.assert_close(folded, unfolded, rtol=0, atol=1e-5)  # ... of the same logits
+    after = dict(policy.model.named_parameters())
+    assert after.keys() == before.keys() and all(after[n] is params[n] and torch.equal(after[n], before[n]) for n in before)
+    with torch.no_grad():
+        assert torch.equal(policy.model(input_ids=ids).logits, unfolded)
+    policy.mode(training=True)  # a training model is never folded (dropout, if any, acts on the adapter)
+    with policy.merged() as model:
+        assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    from dagster_rl.lm.policy import load_policy
+    from tests.lm_fixtures import policy_settings
+
+    bf16 = load_policy(policy_settings(tiny_dir).model_copy(update={"dtype": "bfloat16"}), checkpoint_bytes(policy, None))
+    weights = {n: p for n, p in bf16.model.named_parameters()}
+    with bf16.merged() as model:  # bfloat16 would round the delta away: the adapter stays apart
+        assert all(p is weights[n] for n, p in model.named_parameters())

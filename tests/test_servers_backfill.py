@@ -1,17 +1,20 @@
 """Launching the way users do: a real daemon and webserver, the UI's GraphQL backfill, `dagster job launch`.
 
 Each test waits on the backfill daemon, which looks for new backfills every 30 s (not configurable
-in dagster 1.13), so a backfill test takes about a minute.
+in dagster 1.13), so a backfill test takes about a minute. The experiments folder also holds an
+invalid file: the `experiment_files` code location shows its error, the others are unaffected.
 """
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from assets.concurrency import experiment_pool
 from tests.postgres import postgres_server  # noqa: F401  (fixture)
-from tests.servers import DagsterServers, running_servers
+from tests.servers import FILES_LOCATION, LOCATION, DagsterServers, executable, running_servers, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 CHAIN = ("rollouts", "rewards", "weights")
@@ -31,6 +34,10 @@ def experiments_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("experiments")
     for name in ("ops_ui", "ops_cli"):
         (folder / f"{name}.yaml").write_text(yaml.safe_dump(small_demo(name), sort_keys=False))
+    # 10 steps: over 40 s of work; its own seed, or its keys would be those of ops_ui's steps (cache hits)
+    pool = {**small_demo("ops_pool"), "seed": 7, "faults": {"step_delay_s": 4.0}}
+    (folder / "ops_pool.yaml").write_text(yaml.safe_dump(pool, sort_keys=False))
+    (folder / "broken.yaml").write_text(yaml.safe_dump({**small_demo("broken"), "n_samples": 1}, sort_keys=False))
     return folder
 
 
@@ -94,7 +101,7 @@ def test_ui_backfill_of_ten_steps_is_one_ordered_run_sqlite(sqlite_servers):
 def test_job_launch_with_partition_range_is_queued_then_started_by_daemon(sqlite_servers):
     servers, exp = sqlite_servers, "ops_cli"
     tags = {"dagster/asset_partition_range_start": "0000", "dagster/asset_partition_range_end": "0003"}
-    out = servers.cli("job", "launch", "-w", str(servers.workspace), "-j", f"{exp}_train", "--tags", json.dumps(tags))
+    out = servers.cli("job", "launch", "-w", str(servers.workspace), "-l", LOCATION, "-j", f"{exp}_train", "--tags", json.dumps(tags))
     gql = servers.graphql
     runs = gql.wait_for_runs(job_name=f"{exp}_train", count=1, timeout_s=120)
     assert len(runs) == 1
@@ -104,6 +111,73 @@ def test_job_launch_with_partition_range_is_queued_then_started_by_daemon(sqlite
     assert kinds.index("RunEnqueuedEvent") < kinds.index("RunStartingEvent") < kinds.index("RunStartEvent")
     for asset in CHAIN:
         assert gql.materialized_partitions([exp, asset]) == STEPS[:4]
+
+
+def test_a_backfill_and_a_job_launch_of_one_experiment_compute_its_steps_once(sqlite_servers):
+    """Finding 3 of issue 10: a UI backfill and a `dagster job launch` of the same steps, launched at
+    once. Whichever run comes second waits for the first: in the queue, while the pool (as the UI's
+    Concurrency page shows it) names the run holding it, or, when it left the queue before the pool
+    had its limit, at its step, its log naming that run. It then finds every step done."""
+    servers, exp = sqlite_servers, "ops_pool"
+    gql = servers.graphql
+    tags = {"dagster/asset_partition_range_start": "0000", "dagster/asset_partition_range_end": "0009"}
+    argv = [executable("dagster"), "job", "launch", "-w", str(servers.workspace), "-l", LOCATION, "-j", f"{exp}_train"]
+    launching = subprocess.Popen(
+        [*argv, "--tags", json.dumps(tags)], env=servers.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    backfill_id = gql.launch_partition_backfill([[exp, a] for a in CHAIN], partition_names=STEPS, title=f"{exp} 0000-0009")
+    out, _ = launching.communicate(timeout=180)
+    assert launching.returncode == 0, out
+
+    seen = []  # (status by run id, pool holders), while the runs go
+
+    def both_done():
+        runs = gql.runs({"dagster/backfill": backfill_id}) + gql.runs(job_name=f"{exp}_train")
+        seen.append(({r["runId"]: r["status"] for r in runs}, pool_holders(gql, experiment_pool(exp))))
+        return len(runs) == 2 and all(r["status"] in ("SUCCESS", "FAILURE", "CANCELED") for r in runs) and runs
+
+    runs = {r["runId"]: r for r in wait_until(both_done, 300, 0.5, lambda: str(seen[-1:]))}
+    assert [r["status"] for r in runs.values()] == ["SUCCESS", "SUCCESS"], servers.log("daemon")[-3000:]
+    from dagster import AssetKey
+
+    with servers.instance() as instance:
+        records = instance.fetch_materializations(AssetKey([exp, "weights"]), limit=100, ascending=True).records
+    by_run: dict[str, list] = {}
+    for r in records:  # in the order they were recorded: the run that held the pool first comes first
+        md = r.asset_materialization.metadata
+        by_run.setdefault(r.run_id, []).append((r.asset_materialization.partition, md["cache"].value, md["trials_executed"].value))
+    first, second = (runs[run_id] for run_id in by_run)
+    assert by_run[first["runId"]] == [(s, "miss", 16) for s in STEPS]  # computed once ...
+    assert by_run[second["runId"]] == [(s, "hit", 0) for s in STEPS]  # ... and found done by the run that waited
+    assert [r.run_id for r in records].index(second["runId"]) == N_STEPS, "no step of the second run before the first's last"
+    assert second["creationTime"] < first["endTime"], "the second run was launched while the first ran (else: nothing to test)"
+    print(f"the second run ({second['jobName']}) waited {'at its step' if second['startTime'] < first['endTime'] else 'in the queue'}")
+    if second["startTime"] < first["endTime"]:  # left the queue before the pool had a limit: it waited at its step
+        messages = [e["message"] for e in gql.run_events(second["runId"], {"LogMessageEvent"})]
+        assert any(f"Run {first['runId']} of experiment {exp}" in m and "this run waits for it" in m for m in messages), messages
+    else:  # it waited in the queue, and the pool named the run holding it
+        assert any(st.get(second["runId"]) == "QUEUED" and holders == [first["runId"]] for st, holders in seen), seen
+
+
+def pool_holders(gql, pool: str) -> list[str]:
+    """The runs holding a slot of `pool`: what the UI's Concurrency page lists."""
+    data = gql.query(
+        "query Pool($key: String) { instance { concurrencyLimit(concurrencyKey: $key) { claimedSlots { runId } } } }", key=pool
+    )
+    return [s["runId"] for s in data["instance"]["concurrencyLimit"]["claimedSlots"]]
+
+
+def test_an_invalid_experiment_file_is_a_code_location_problem_and_the_others_work(sqlite_servers):
+    """Finding 7 of issue 10: one invalid file no longer makes every experiment unusable."""
+    gql = sqlite_servers.graphql
+    entry = wait_until(lambda: (e := gql.code_location(FILES_LOCATION))["loadStatus"] == "LOADED" and e, 60, 0.5)
+    error = entry["locationOrLoadError"]
+    assert error["__typename"] == "PythonError"
+    shown = "\n".join([error["message"], *(c["message"] for c in error["causes"])])  # what the UI's error dialog shows
+    assert "1 invalid experiment file (skipped; the valid experiments are unaffected)" in shown
+    assert "broken.yaml: invalid experiment: field 'n_samples': Value error, GRPO normalizes rewards" in shown
+    assert gql.code_location(LOCATION)["locationOrLoadError"]["__typename"] != "PythonError"
+    assert gql.partition_statuses(["ops_ui", "weights"]) is not None  # the valid experiments are served
 
 
 def test_ui_backfill_of_ten_steps_is_one_ordered_run_postgres(postgres_server, experiments_dir, tmp_path):  # noqa: F811

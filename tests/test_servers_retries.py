@@ -231,10 +231,10 @@ def test_a_sigkilled_run_worker_is_failed_by_the_daemon_and_retried_from_the_fir
     messages = failure_messages(servers, root)
     detected = [m for m in messages if f"run worker process {worker} is gone" in m or "terminated by signal 9" in m]
     assert detected, messages
-    # The orphaned step process (the driver) does not outlive its run worker: the launcher kills it
-    # when its health check finds the worker gone, or before launching the retry.
+    # The orphaned step process (the driver) does not outlive its run worker: it dies with its parent
+    # (dagster_rl.lifetime); one that did not would be killed by the launcher when its health check
+    # finds the worker gone, or before it launches the retry (tests/test_run_launcher.py).
     assert not process_alive(step_worker), f"orphaned driver process {step_worker} still running"
-    assert any(str(step_worker) in m for m in messages + failure_messages(servers, retry["runId"])), messages
     print(f"kill -> retry finished in {time.monotonic() - killed_at:.1f} s; detected by: {detected}")
     resumed = check_resumed(servers, reference, "kill_worker", root, retry)
     judged = stub.count - calls

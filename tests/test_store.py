@@ -1,54 +1,182 @@
-"""The artifact store: content addressed, never overwritten, corruption detected."""
+"""The artifact store: content addressed, never overwritten, corruption detected and moved aside,
+hostile keys refused, first writer wins."""
 
+from concurrent.futures import ThreadPoolExecutor
+
+import fsspec
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 
-from dagster_rl.errors import ArtifactConflictError, DagsterRLError
-from dagster_rl.store import ArtifactStore
+from dagster_rl.errors import (
+    ArtifactConflictError,
+    CorruptArtifactError,
+    DagsterRLError,
+    InvalidArtifactKeyError,
+    MissingArtifactError,
+    StoreWriteError,
+)
+from dagster_rl.hashing import cache_key
+from dagster_rl.store import ADOPTING_KINDS, ArtifactStore, check_key
+
+K1, K, HALF, W = (cache_key("test", "1", name=n) for n in ("k1", "k", "half", "w"))
 
 
 def test_put_get_and_content_hash_is_stable(tmp_path):
     store = ArtifactStore(f"file://{tmp_path}")
-    ref = store.put("weights", "k1", {"a.bin": b"\x00\x01", "b.json": b"{}"})
-    assert store.exists("weights", "k1")
-    assert store.get_all("weights", "k1") == {"a.bin": b"\x00\x01", "b.json": b"{}"}
-    again = store.put("weights", "k1", {"b.json": b"{}", "a.bin": b"\x00\x01"})
+    ref = store.put("weights", K1, {"a.bin": b"\x00\x01", "b.json": b"{}"})
+    assert store.exists("weights", K1)
+    assert store.get_all("weights", K1) == {"a.bin": b"\x00\x01", "b.json": b"{}"}
+    again = store.put("weights", K1, {"b.json": b"{}", "a.bin": b"\x00\x01"})
     assert again == ref
-    assert ArtifactStore(f"file://{tmp_path}").ref("weights", "k1").content_hash == ref.content_hash
+    assert ArtifactStore(f"file://{tmp_path}").ref("weights", K1).content_hash == ref.content_hash
 
 
 def test_other_content_under_an_existing_key_is_refused_and_nothing_is_lost(tmp_path):
     store = ArtifactStore(f"file://{tmp_path}")
-    store.put("rollouts", "k", {"data.json": b"[1]"})
+    store.put("rewards", K, {"data.json": b"[1]"})  # rewards: a deterministic kind
     with pytest.raises(ArtifactConflictError, match="Nothing was overwritten"):
-        store.put("rollouts", "k", {"data.json": b"[2]"})
-    assert store.get("rollouts", "k", "data.json") == b"[1]"
+        store.put("rewards", K, {"data.json": b"[2]"})
+    assert store.get("rewards", K, "data.json") == b"[1]"
 
 
 def test_an_artifact_without_manifest_does_not_exist(tmp_path):
     store = ArtifactStore(f"file://{tmp_path}")
-    (tmp_path / "weights" / "half").mkdir(parents=True)
-    (tmp_path / "weights" / "half" / "data.json").write_bytes(b"partial")
-    assert not store.exists("weights", "half")
+    (tmp_path / "weights" / HALF).mkdir(parents=True)
+    (tmp_path / "weights" / HALF / "data.json").write_bytes(b"partial")
+    assert not store.exists("weights", HALF)
     with pytest.raises(DagsterRLError, match="re-run the step that makes it"):
-        store.get("weights", "half", "data.json")
+        store.get("weights", HALF, "data.json")
 
 
 def test_corruption_is_detected(tmp_path):
     store = ArtifactStore(f"file://{tmp_path}")
-    store.put("weights", "k", {"data.json": b"good"})
-    (tmp_path / "weights" / "k" / "data.json").write_bytes(b"evil")
+    store.put("weights", K, {"data.json": b"good"})
+    (tmp_path / "weights" / K / "data.json").write_bytes(b"evil")
     with pytest.raises(DagsterRLError, match="corrupt"):
-        store.get("weights", "k", "data.json")
-
-
-def test_a_record_is_written_once(tmp_path):
-    store = ArtifactStore(f"file://{tmp_path}")
-    assert store.put_record("runs/r1", {"started_at": "t0"}) == {"started_at": "t0"}
-    assert store.put_record("runs/r1", {"started_at": "t1"}) == {"started_at": "t0"}
+        store.get("weights", K, "data.json")
 
 
 def test_works_over_another_fsspec_filesystem():
     store = ArtifactStore("memory://dagster-rl-test")
-    ref = store.put("worlds", "w", {"doc.txt": b"hello"})
-    assert ref.uri == "memory://dagster-rl-test/worlds/w"
-    assert store.get("worlds", "w", "doc.txt") == b"hello"
+    ref = store.put("worlds", W, {"doc.txt": b"hello"})
+    assert ref.uri == f"memory://dagster-rl-test/worlds/{W}" and ref.path == f"worlds/{W}"
+    assert store.get("worlds", W, "doc.txt") == b"hello"
+
+
+# ---- hostile and corrupted stores ------------------------------------------------------------
+
+
+def test_keys_kinds_and_file_names_are_checked_before_a_path_is_built(tmp_path):
+    store = ArtifactStore(f"file://{tmp_path}/store")
+    (tmp_path / "evil" / "w").mkdir(parents=True)
+    (tmp_path / "evil" / "w" / "manifest.json").write_text('{"files": {}}')
+    for kind, key in (("weights", "../../evil/w"), ("weights", K.upper()), ("../evil", K), ("weights", K + "/..")):
+        with pytest.raises(InvalidArtifactKeyError, match="refusing to build a path|not a lowercase identifier"):
+            store.exists(kind, key)
+    with pytest.raises(InvalidArtifactKeyError, match="'../../evil/w' is not a 64-digit hex content key"):
+        check_key("../../evil/w")
+    store.put("weights", K, {"data.json": b"1"})  # a tampered manifest that names a file outside the artifact
+    (tmp_path / "store" / "weights" / K / "manifest.json").write_text('{"files": {"../../../evil/w/manifest.json": "00"}}')
+    with pytest.raises(CorruptArtifactError, match="not a plain file name"):
+        store.get_all("weights", K)
+
+
+def test_a_truncated_file_is_moved_aside_and_computed_again(tmp_path):
+    heard = []
+    store = ArtifactStore(f"file://{tmp_path}", warn=heard.append)
+    store.put("rollouts", K, {"data.json": b'{"trials": [1, 2, 3]}'})
+    (tmp_path / "rollouts" / K / "data.json").write_bytes(b'{"trials": [1,')
+    calls = []
+    files, ref, hit = store.get_or_put_files("rollouts", K, lambda: calls.append(1) or {"data.json": b'{"trials": [1, 2, 3]}'})
+    assert (files, hit, calls) == ({"data.json": b'{"trials": [1, 2, 3]}'}, False, [1])
+    assert store.verify("rollouts", K) is None
+    [moved] = (tmp_path / "quarantine" / "rollouts").iterdir()  # moved aside, never deleted
+    assert moved.name.startswith(K) and (moved / "data.json").read_bytes() == b'{"trials": [1,'
+    assert len(heard) == 1 and f"artifact rollouts/{K}: its file data.json is corrupt" in heard[0]
+    assert f"moved aside to {tmp_path}/quarantine/rollouts/{K}." in heard[0] and "Computing it again now." in heard[0]
+
+
+def test_a_truncated_manifest_and_a_deleted_file_are_errors_that_name_the_artifact(tmp_path):
+    store = ArtifactStore(f"file://{tmp_path}")
+    store.put("weights", K, {"data.json": b"w"})
+    (tmp_path / "weights" / K / "manifest.json").write_bytes(b'{"files": {"data.js')
+    with pytest.raises(CorruptArtifactError, match=rf"artifact weights/{K} has an unreadable manifest.json \(19 bytes") as err:
+        store.get("weights", K, "data.json")
+    assert "It was moved aside to" in str(err.value) and not store.exists("weights", K)
+
+    store.put("weights", K1, {"data.json": b"w", "b.bin": b"b"})
+    (tmp_path / "weights" / K1 / "b.bin").unlink()
+    with pytest.raises(CorruptArtifactError, match=rf"artifact weights/{K1}: its file b.bin is missing, though its manifest lists it"):
+        store.get_all("weights", K1)
+    assert not store.exists("weights", K1)
+    with pytest.raises(MissingArtifactError, match="is not in the store"):
+        store.get("weights", K1, "data.json")
+
+
+def test_verify_rehashes_without_moving_anything(tmp_path):
+    store = ArtifactStore(f"file://{tmp_path}")
+    store.put("weights", K, {"data.json": b"good"})
+    assert store.verify("weights", K) is None
+    (tmp_path / "weights" / K / "data.json").write_bytes(b"evil")
+    assert "its file data.json is corrupt" in store.verify("weights", K)
+    assert store.exists("weights", K) and "not in the store" in store.verify("weights", K1)
+
+
+def test_adopting_kinds_keep_the_first_writer_and_the_step_continues_from_it(tmp_path):
+    heard = []
+    store = ArtifactStore(f"file://{tmp_path}", warn=heard.append)
+    assert {"weights", "rollouts"} <= ADOPTING_KINDS and "rewards" not in ADOPTING_KINDS
+    first = store.put("weights", K, {"data.json": b"1.0000001"})
+    assert store.put("weights", K, {"data.json": b"1.0000002"}) == first  # a GPU's last bits differ
+    assert store.get("weights", K, "data.json") == b"1.0000001" and "kept the first one" in heard[0]
+
+
+def test_of_two_concurrent_writers_of_one_key_exactly_one_wins_whole(tmp_path):
+    store = ArtifactStore(f"file://{tmp_path}")
+    for i in range(20):
+        key = cache_key("race", "1", i=i)
+        payloads = [{"data.json": bytes([w]) * 100_000, "b.bin": bytes([w]) * 1000} for w in range(4)]
+        with ThreadPoolExecutor(4) as pool:
+            refs = list(pool.map(lambda files: store.put("weights", key, files), payloads))
+        assert len({r.content_hash for r in refs}) == 1 and store.verify("weights", key) is None
+        stored = store.get_all("weights", key)
+        assert stored in payloads
+    assert not list(tmp_path.glob("weights/.staging-*")), "no staging folder is left behind"
+
+
+def test_a_partial_artifact_is_kept_apart_from_the_clean_key(tmp_path):
+    store = ArtifactStore(f"file://{tmp_path}")
+    assert store.partial("rollouts", K) is None
+    ref = store.put_partial("rollouts", K, {"data.json": b"19 of 24"}, ["s0-p1-n0"])
+    assert not store.exists("rollouts", K) and store.partial("rollouts", K) == ref.key != K
+    later = store.put_partial("rollouts", K, {"data.json": b"23 of 24"}, ["s0-p2-n0"])
+    assert store.partial("rollouts", K) == later.key and store.exists("rollouts", ref.key)  # the older one stays
+
+
+class ReadOnlyFileSystem(LocalFileSystem):
+    """A local folder that refuses every write, as a read-only mount or bucket policy would
+    (the tests run as root, for whom file modes do not stop a write)."""
+
+    protocol = "readonly"
+
+    def _refuse(self, *args, **kwargs):
+        raise PermissionError(30, "Read-only file system")
+
+    def _open(self, path, mode="rb", **kwargs):
+        if any(c in mode for c in "wax+"):
+            self._refuse()
+        return super()._open(path, mode, **kwargs)
+
+    makedirs = mkdir = mv = rm = rm_file = touch = _refuse
+
+
+fsspec.register_implementation("readonly", ReadOnlyFileSystem, clobber=True)
+
+
+def test_a_read_only_store_serves_what_it_holds_and_says_why_it_cannot_write(tmp_path):
+    ArtifactStore(f"file://{tmp_path}").put("weights", K, {"data.json": b"w"})
+    store = ArtifactStore(f"readonly://{tmp_path}")
+    files, _, hit = store.get_or_put_files("weights", K, lambda: pytest.fail("a stored artifact is not computed again"))
+    assert hit and files == {"data.json": b"w"}
+    with pytest.raises(StoreWriteError, match=rf"could not write artifact weights/{K1} to the store at readonly://.*Read-only file system"):
+        store.put("weights", K1, {"data.json": b"w"})

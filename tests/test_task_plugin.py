@@ -15,7 +15,7 @@ from dagster_rl.experiment import Experiment, Strict, step_key
 from dagster_rl.hashing import cache_key, seed_of
 from dagster_rl.records import Record, Rewards, Rollouts
 from dagster_rl.retries import Limits
-from dagster_rl.steps import by_trial, judge_all, mean, rewards_key
+from dagster_rl.steps import Judged, mean, rewards_key, step_rewards, trial_set
 from dagster_rl.store import ArtifactStore
 from dagster_rl.task import Backends, StepResult, Task, Weights, register
 from tests.harness import CHAIN
@@ -95,28 +95,22 @@ class BanditLoop:
         weights = start
         for step in steps:
             trials = [(f"s{step}-p{p}-n{n}", p, seed_of(exp.seed, step, p, n)) for p in range(exp.prompts_per_step) for n in range(exp.n_samples)]
-            rollouts, rollouts_ref, rollouts_hit = store.get_or_put(
+            stored = trial_set(  # trial by trial: a failed pull is never cached as a result
+                store,
                 "rollouts",
                 cache_key("rollouts", "bandit-1", task=exp.task, seed=exp.seed, step=step, behavior=weights.ref.content_hash),
                 Rollouts[Pull],
-                lambda: Rollouts[Pull](
-                    step=step,
-                    behavior_policy=weights.lineage(),
-                    n_trials_planned=len(trials),
-                    trajectories=by_trial(backends.rollout.pull(t, p, s, weights.payload) for t, p, s in trials),
-                    skipped=[],
+                [t for t, _, _ in trials],
+                lambda pending: [backends.rollout.pull(t, p, s, weights.payload) for t, p, s in trials if t in pending],
+                lambda pulls, failed: Rollouts[Pull](
+                    step=step, behavior_policy=weights.lineage(), n_trials_planned=len(trials), trajectories=pulls, skipped=failed
                 ),
+                warn,
             )
-
-            def judge() -> Rewards[PullReward]:
-                scored, skipped = judge_all(exp, rollouts.trajectories, backends.judge, warn)
-                return Rewards[PullReward](
-                    step=step, rollouts_key=rollouts_ref.key, rollouts_hash=rollouts_ref.content_hash,
-                    rubric=exp.rubric.model_dump(), rewards=by_trial(scored), skipped=skipped,
-                )
-
+            rollouts, rollouts_ref, rollouts_hit = stored.value, stored.ref, stored.hit
             key = rewards_key("bandit-1", backends.judge, task=exp.task, rollouts=rollouts_ref.content_hash)
-            rewards, rewards_ref, rewards_hit = store.get_or_put("rewards", key, Rewards[PullReward], judge)
+            scored = step_rewards(store, exp, key, stored, Judged(), backends.judge, warn, Rewards[PullReward])
+            rewards, rewards_ref, rewards_hit = scored.value, scored.ref, scored.hit
             key = cache_key("weights", "bandit-1", lr=exp.learning_rate, prev=weights.ref.content_hash, rewards=rewards_ref.content_hash)
             trained, weights_ref, weights_hit = store.get_or_put(
                 "weights", key, ArmLogits, lambda: backends.trainer.train(exp, weights.payload, rollouts.trajectories, rewards.rewards)

@@ -9,12 +9,12 @@ One idea per module:
     records      the trials' requests, planned, and the rollouts they produce
     tiny         a tiny Qwen2 built in code (`builtin:tiny-qwen2`)
     policy       base + adapter (a live `Policy`) and its checkpoints
-    sampling     batched KV-cache decoding, one seeded generator per row
-    logprobs     the one definition of a completion's log-probabilities
+    sampling     batched KV-cache decoding, one seeded generator per row, each token's log-prob
+    logprobs     the one definition of a completion's log-probabilities; packed batches
     rollout_hf   a step's rollouts on `transformers`, and greedy completions
     rewards      verifier + rubric: accuracy and format
-    grpo_loss    the clipped-ratio loss with k3 KL, pure
-    trainer      one update, single process or data-parallel
+    grpo_loss    the clipped-ratio loss with k3 KL, pure, per sample or per padded batch
+    trainer      one update over micro-batches, single process or data-parallel
     worker       the trainer entrypoint (`python -m dagster_rl.lm.worker`, torchrun, pods)
     backends     the rollout (`hf`) and trainer (`in_process`, `torchrun`) backends
     evaluation   greedy accuracy on the held-out prompts

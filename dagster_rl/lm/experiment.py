@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from dagster_rl.experiment import Experiment, Strict
+from dagster_rl.pods import PodResources
 from dagster_rl.lm.settings import GRPOLMSettings, LMRubric, PolicySettings, SamplingSettings, WarmupSettings
 from dagster_rl.lm.prompts import PromptSource, SyntheticPrompts
 
@@ -15,13 +16,43 @@ class VerifiablePromptsTask(Strict):
     eval_max_new_tokens: int | None = Field(None, ge=1, description="greedy evaluation length; default: sampling's")
 
 
+class LMRolloutSettings(Strict):
+    """How a step's rollouts are generated. `hf`: batched `transformers` generation in the driver's
+    process. `openai_server`: a warm vLLM server (or `dagster-rl serve`) over its OpenAI-compatible
+    API; where it is (URL, key, timeouts) is the rollout environment's setting, not the experiment's."""
+
+    backend: Literal["hf", "openai_server"] = "hf"
+
+    def cache_inputs(self) -> dict[str, str]:
+        """What the engine adds to the rollouts' cache key: another engine samples other tokens from
+        the same seeds (vLLM's sampler), so its rollouts are other artifacts. (`hf`: nothing, the
+        keys of every run so far.)"""
+        return {} if self.backend == "hf" else {"engine": self.backend}
+
+
 class LMTrainerSettings(Strict):
     """Where the update runs. `torchrun`: `nproc_per_node` worker processes on this machine (gloo on
-    the CPU, nccl with CUDA) through the same entrypoint the Kubernetes pods run."""
+    the CPU, nccl with CUDA) through the same entrypoint the Kubernetes pods run. `k8s`: an Indexed
+    Job of `nodes` pods of `nproc_per_node` processes each (`pods` says what each pod needs),
+    restarted as a whole on any pod failure up to `max_restarts` times."""
 
-    backend: Literal["in_process", "torchrun"] = "in_process"
-    nproc_per_node: int = Field(1, ge=1)
+    backend: Literal["in_process", "torchrun", "k8s"] = "in_process"
+    nproc_per_node: int = Field(1, ge=1, description="processes per node (one per GPU)")
     threads_per_process: int = Field(1, ge=1, description="torch threads of each trainer process")
+    nodes: int = Field(1, ge=1, description="k8s: pods of the Job")
+    max_restarts: int = Field(0, ge=0, description="k8s: restarts of the whole set of pods after a pod fails")
+    active_deadline_s: int = Field(3600, ge=60, description="k8s: the Job fails after this long")
+    pods: PodResources = Field(default_factory=PodResources, description="k8s: what each trainer pod needs")
+
+    @model_validator(mode="after")
+    def _nodes_need_k8s(self) -> "LMTrainerSettings":
+        if self.nodes > 1 and self.backend != "k8s":
+            raise ValueError(f"nodes: {self.nodes} needs backend: k8s (backend {self.backend} runs on one machine)")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return {"in_process": 1, "torchrun": self.nproc_per_node, "k8s": self.nodes * self.nproc_per_node}[self.backend]
 
 
 class LMExperiment(Experiment):
@@ -30,6 +61,7 @@ class LMExperiment(Experiment):
     sampling: SamplingSettings = SamplingSettings()
     rubric: LMRubric = LMRubric()
     grpo: GRPOLMSettings = GRPOLMSettings()
+    rollout: LMRolloutSettings = LMRolloutSettings()
     trainer: LMTrainerSettings = LMTrainerSettings()
     warmup: WarmupSettings | None = Field(None, description="supervised warm-up of the adapter before step 0 (`<exp>/sft`)")
     max_policy_lag: Literal[0, 1] = Field(
@@ -37,7 +69,7 @@ class LMExperiment(Experiment):
     )
     generation_threads: int = Field(1, ge=1, description="torch threads of generation in the driver process")
 
-    NOT_TRAINING = Experiment.NOT_TRAINING | {"generation_threads", "trainer"}
+    NOT_TRAINING = Experiment.NOT_TRAINING | {"generation_threads", "trainer", "rollout"}
 
     @model_validator(mode="after")
     def _reference_exists(self) -> "LMExperiment":
@@ -50,7 +82,7 @@ class LMExperiment(Experiment):
         return super().training_inputs() | {"world_size": self.world_size}
 
     def backends(self) -> dict[str, str]:
-        return {"rollout": "hf", "trainer": self.trainer.backend}
+        return {"rollout": self.rollout.backend, "trainer": self.trainer.backend}
 
     @property
     def eval_max_new_tokens(self) -> int:
@@ -58,4 +90,4 @@ class LMExperiment(Experiment):
 
     @property
     def world_size(self) -> int:
-        return self.trainer.nproc_per_node if self.trainer.backend == "torchrun" else 1
+        return self.trainer.world_size

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from dagster_rl import counters
-from dagster_rl.checks import CheckOutcome, require_enough_trials, step_checks
+from dagster_rl.checks import CheckOutcome, step_checks
 from dagster_rl.experiment import step_key
 from dagster_rl.hashing import cache_key, canonical_json
 from dagster_rl.lm.evaluation import Evaluation, evaluate
@@ -30,7 +30,7 @@ from dagster_rl.lm.rewards import LMReward
 from dagster_rl.lm.records import LMRollout, plan_requests
 from dagster_rl.lm.prompts import PromptSet, load_prompt_set, prompts_for_step
 from dagster_rl.records import STATS, Rewards, Rollouts, TrainedFrom, TrialFailed
-from dagster_rl.steps import by_trial, judge_all, mean, rewards_key, rollouts_key, step_rewards
+from dagster_rl.steps import Judged, judge_all, mean, recovered, rewards_key, rollouts_key, step_rewards, trial_set
 from dagster_rl.store import ArtifactRef, ArtifactStore
 from dagster_rl.lm.warmup import WARMUP, WarmupStats, warm_up
 from dagster_rl.task import Backends, StepAsset, StepResult, Warn, WarmupResult, Weights
@@ -38,9 +38,9 @@ from dagster_rl.task import Backends, StepAsset, StepResult, Warn, WarmupResult,
 CODE_VERSIONS = {
     "initial": "lora-init-1",
     "warmup": "sft-lora-1",
-    "rollouts": "hf-rollouts-1",
+    "rollouts": "hf-rollouts-2",  # 2: behavior log-probs recorded by the sampler
     "rewards": "lm-rubric-1",
-    "weights": "grpo-lora-1",
+    "weights": "grpo-lora-2",  # 2: packed micro-batches
     "evaluation": "greedy-eval-1",
 }
 Checkpoint = dict[str, bytes]  # file name -> bytes: adapter, its config, optimizer state, version
@@ -63,6 +63,7 @@ class Generated:
     trials: int
     judge_calls: int
     seconds: float
+    recovered: list[str]  # trials an earlier attempt of the step failed, succeeded now
 
 
 @contextmanager
@@ -202,44 +203,52 @@ class LMLoop:
         self, exp: Exp, step: int, behavior: Weights[Checkpoint], prompts: PromptSet, store: ArtifactStore, backends: Backends, warn: Warn
     ) -> Generated:
         t0 = time.monotonic()
-        requests = plan_requests(prompts_for_step(prompts.train, exp.seed, step, exp.prompts_per_step), exp.seed, step, exp.n_samples)
-        judged: dict[str, list] = {}  # rewards judged right after generating, when the rollouts are new
+        prompts_now = prompts_for_step(prompts.train, exp.seed, step, exp.prompts_per_step)
+        requests = {r.trial_id: r for r in plan_requests(prompts_now, exp.seed, step, exp.n_samples)}
+        progress = backends.progress
+        progress.begin(step, len(requests))
+        judged = Judged()  # rewards judged right after generating
 
-        def generate() -> Rollouts[LMRollout]:
-            outcomes = backends.rollout.generate(exp, requests, behavior.payload, prompts.template)
-            trajectories = by_trial(o for o in outcomes if isinstance(o, LMRollout))
-            failed = [o for o in outcomes if isinstance(o, TrialFailed)]
-            for f in failed:
-                warn(f"trial {f.trial_id} failed after its retries, skipped: {f.error}")
-            skipped = sorted(f.trial_id for f in failed)
-            rewards, judge_skipped = judge_all(exp, trajectories, backends.judge, warn)
-            judged.update(rewards=rewards, skipped=skipped + judge_skipped)
-            require_enough_trials(exp, step, len(rewards), len(requests), judged["skipped"])  # before anything is stored
+        def run(pending: list[str]) -> list[LMRollout | TrialFailed]:
+            progress.generated(step, len(requests) - len(pending))
+            outcomes = backends.rollout.generate(exp, [requests[t] for t in pending], behavior, prompts.template)
+            progress.generated(step, len(outcomes))
+            progress.phase(step, "judging")
+            landed = {o.trial_id: o for o in outcomes if isinstance(o, LMRollout)}
+            for outcome in judge_all(exp, list(landed.values()), backends.judge, lambda n: progress.judged(step, n)):
+                judged.add(landed[outcome.trial_id], outcome)
+            return outcomes
+
+        def make(trajectories: list[LMRollout], failed: list[str]) -> Rollouts[LMRollout]:
             return Rollouts[LMRollout](
-                step=step, behavior_policy=behavior.lineage(), n_trials_planned=len(requests), trajectories=trajectories, skipped=skipped
+                step=step, behavior_policy=behavior.lineage(), n_trials_planned=len(requests), trajectories=trajectories, skipped=failed
             )
 
-        rollouts, rollouts_ref, rollouts_hit = store.get_or_put("rollouts", self._rollouts_key(exp, step, behavior), Rollouts[LMRollout], generate)
-
-        rewards, rewards_ref, rewards_hit = store.get_or_put(
-            "rewards",
-            rewards_key(CODE_VERSIONS["rewards"], backends.judge, rubric=exp.rubric, rollouts=rollouts_ref.content_hash),
-            Rewards[LMReward],
-            lambda: step_rewards(exp, rollouts, rollouts_ref, judged, backends.judge, warn, Rewards[LMReward]),
+        key = self._rollouts_key(exp, step, behavior)
+        rollouts = trial_set(store, "rollouts", key, Rollouts[LMRollout], list(requests), run, make, warn)
+        if rollouts.hit:
+            progress.generated(step, len(requests))
+        key = rewards_key(CODE_VERSIONS["rewards"], backends.judge, rubric=exp.rubric, rollouts=rollouts.ref.content_hash)
+        rewards = step_rewards(
+            store, exp, key, rollouts, judged, backends.judge, warn, Rewards[LMReward], lambda n: progress.judged(step, n)
         )
+        progress.phase(step, "training")
         return Generated(
-            rollouts,
-            rollouts_ref,
-            rewards,
-            rewards_ref,
-            cache={"rollouts": "hit" if rollouts_hit else "miss", "rewards": "hit" if rewards_hit else "miss"},
-            trials=0 if rollouts_hit else len(requests),
-            judge_calls=0 if rewards_hit else len(rollouts.trajectories),
+            rollouts.value,
+            rollouts.ref,
+            rewards.value,
+            rewards.ref,
+            cache={"rollouts": rollouts.cache, "rewards": rewards.cache},
+            trials=len(rollouts.attempted),
+            judge_calls=len(rewards.attempted),
             seconds=time.monotonic() - t0,
+            recovered=recovered(rollouts, rewards),
         )
 
     def _rollouts_key(self, exp: Exp, step: int, behavior: Weights[Checkpoint]) -> str:
-        return rollouts_key(CODE_VERSIONS["rollouts"], exp, step, behavior.ref.content_hash, policy=exp.policy, sampling=exp.sampling)
+        return rollouts_key(
+            CODE_VERSIONS["rollouts"], exp, step, behavior.ref.content_hash, policy=exp.policy, sampling=exp.sampling, **exp.rollout.cache_inputs()
+        )
 
     def _train(
         self,
@@ -296,16 +305,18 @@ class LMLoop:
             refs={"rollouts": gen.rollouts_ref, "rewards": gen.rewards_ref, "weights": ref},
             behavior_policy=gen.rollouts.behavior_policy,
             skipped_trials=gen.rewards.skipped,
+            recovered_trials=gen.recovered,
             trials_executed=gen.trials,
             judge_calls=gen.judge_calls,
             metrics={
-                **{k: stats.metrics[k] for k in ("loss", "ratio", "kl", "clip_frac", "grad_norm", "samples_used", "groups_with_signal")},
+                **{k: stats.metrics[k] for k in ("loss", "ratio", "ratio_max_dev", "kl", "clip_frac", "grad_norm", "samples_used", "groups_with_signal")},
                 "policy_lag": float(previous.version - int(gen.rollouts.behavior_policy["version"])),
                 "mean_completion_tokens": mean([float(tokens[r.trial_id]) for r in rewards]),
             },
             timings={"generate_s": gen.seconds, "train_s": time.monotonic() - t0},
             checks=step_checks(exp, adapter_finite(weights.payload), rewards, gen.rollouts.n_trials_planned),
         )
+        backends.progress.end(step)
         return result, weights
 
     def _evaluate(

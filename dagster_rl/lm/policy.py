@@ -13,11 +13,14 @@ The initial policy (version 0, no checkpoint) equals the base: LoRA B starts at 
 """
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft.tuners.lora import Linear as LoraLinear
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
@@ -34,6 +37,7 @@ OPTIMIZER = "optimizer.safetensors"
 STATE = "trainer_state.json"
 CHECKPOINT_FILES = (ADAPTER, ADAPTER_CONFIG, OPTIMIZER, STATE)
 FORMAT = 1
+ADAPTER_NAME = "default"  # PEFT's name of the one adapter a policy has
 hf_logging.disable_progress_bar()
 
 
@@ -47,10 +51,64 @@ class Policy:
     tokenizer: PreTrainedTokenizerBase
     version: int
     settings: PolicySettings
+    checkpointing: bool = False  # activation checkpointing of the decoder layers, on or off
 
     def trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
         """The adapter's parameters, in a fixed order (the optimizer's order)."""
         return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+
+    def mode(self, training: bool) -> PeftModel:
+        """The model in train or eval mode; a no-op when it is in it already (a switch walks every module)."""
+        if self.model.training != training:
+            self.model.train(training)
+        return self.model
+
+    def activation_checkpointing(self, on: bool) -> None:
+        """Turn recomputation of the decoder layers' activations in the backward on or off."""
+        if self.checkpointing != on:
+            base = self.model.get_base_model()
+            if on:
+                base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                base.activation_checkpointing_disable()
+            self.checkpointing = on
+
+    @contextmanager
+    def merged(self) -> Iterator[PeftModel]:
+        """The model with the adapter folded into new weight tensors, W + scale B A, until the block
+        ends: what sampling runs, a forward without LoRA's small matmuls per layer. The base's own
+        tensors are not touched and are put back after, so training and the reference see the base
+        bit for bit. A float32 base only: in bfloat16 the fold would round the adapter's small delta
+        away, so there the adapter stays apart. Sampled log-probs then differ from the trainer's
+        unfolded forward by float rounding, which the ratio's tolerance covers."""
+        layers = [m for m in self.model.modules() if isinstance(m, LoraLinear) and not m.merged]
+        if self.settings.dtype != "float32" or self.model.training:
+            yield self.model
+            return
+        folded = []
+        try:
+            with torch.no_grad():
+                for layer in layers:
+                    base = layer.get_base_layer()
+                    folded.append((layer, base, base.weight))
+                    base.weight = torch.nn.Parameter(base.weight + layer.get_delta_weight(ADAPTER_NAME), requires_grad=False)
+                    layer.merged_adapters.append(ADAPTER_NAME)
+            yield self.model
+        finally:
+            for layer, base, weight in folded:
+                base.weight = weight
+                layer.merged_adapters.remove(ADAPTER_NAME)
+
+    @contextmanager
+    def adapter_disabled(self) -> Iterator[PeftModel]:
+        """The base model: the adapter's layers off until the block ends. (PEFT's `disable_adapter()`
+        does the same plus a status walk of the whole model each time, several times the cost of a
+        forward of a small model.)"""
+        self.model.base_model.disable_adapter_layers()
+        try:
+            yield self.model
+        finally:
+            self.model.base_model.enable_adapter_layers()
 
 
 def load_base(base_model: str, dtype: str = "float32") -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
@@ -92,24 +150,53 @@ def attach_lora(model: torch.nn.Module, lora: LoRASettings) -> PeftModel:
             raise DagsterRLError(f"cannot attach LoRA to this model: {e}. Check lora.target_modules.") from None
 
 
-def load_policy(settings: PolicySettings, checkpoint: dict[str, bytes] | None = None) -> Policy:
-    """The base with the checkpoint's adapter, or with a fresh one (version 0) when there is none."""
+def resolve_device(setting: str, index: int | None = None) -> torch.device:
+    """`policy.device` as a torch device: auto is cuda when this process sees a GPU, else cpu.
+    `index`: the GPU of this process (its LOCAL_RANK under torchrun); default the current one."""
+    if setting == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device() if index is None else index)
+    if setting == "cuda":
+        raise DagsterRLError(
+            "policy.device is cuda but this process sees no GPU (torch.cuda.is_available() is False); "
+            "set policy.device to auto or cpu, or run where a GPU and a CUDA build of torch are"
+        )
+    return torch.device("cpu")
+
+
+def load_policy(settings: PolicySettings, checkpoint: dict[str, bytes] | None = None, device: torch.device | None = None) -> Policy:
+    """The base with the checkpoint's adapter, or with a fresh one (version 0) when there is none, on
+    `device` (default: the settings' device)."""
     base, tokenizer = load_base(settings.base_model, settings.dtype)
-    model = attach_lora(base, settings.lora)
-    version = 0
+    model = attach_lora(base, settings.lora)  # on the CPU: LoRA A is drawn from the CPU generator everywhere
+    model.to(device or resolve_device(settings.device))
+    policy = Policy(model=model, tokenizer=tokenizer, version=0, settings=settings)
     if checkpoint is not None:
-        state = read_state(checkpoint)
-        version = state["version"]
-        if state["lora"] != settings.lora.model_dump(mode="json"):
-            raise CheckpointError(
-                f"checkpoint v{version} was trained with LoRA settings {state['lora']}, not "
-                f"{settings.lora.model_dump(mode='json')}; load it with the settings it was made with"
-            )
-        result = set_peft_model_state_dict(model, load_safetensors(checkpoint[ADAPTER]))
-        unexpected = list(getattr(result, "unexpected_keys", []) or [])
-        if unexpected:
-            raise CheckpointError(f"checkpoint adapter has weights this model lacks: {unexpected[:3]}...")
-    return Policy(model=model, tokenizer=tokenizer, version=version, settings=settings)
+        load_adapter(policy, checkpoint)
+    return policy
+
+
+def load_adapter(policy: Policy, checkpoint: dict[str, bytes]) -> Policy:
+    """Put the checkpoint's adapter and version into a loaded policy (the base stays as it is):
+    the same policy, bit for bit, as loading the base afresh with that checkpoint."""
+    state = read_state(checkpoint)
+    version = state["version"]
+    lora = policy.settings.lora.model_dump(mode="json")
+    if state["lora"] != lora:
+        raise CheckpointError(
+            f"checkpoint v{version} was trained with LoRA settings {state['lora']}, not {lora}; load it with the settings it was made with"
+        )
+    adapter = load_safetensors(checkpoint[ADAPTER])
+    trainable = len(policy.trainable())
+    if len(adapter) != trainable:
+        raise CheckpointError(f"checkpoint adapter holds {len(adapter)} tensors for the policy's {trainable} adapter weights")
+    result = set_peft_model_state_dict(policy.model, adapter)
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    if unexpected:
+        raise CheckpointError(f"checkpoint adapter has weights this model lacks: {unexpected[:3]}...")
+    policy.version = version
+    return policy
 
 
 def make_optimizer(policy: Policy, grpo: GRPOLMSettings, checkpoint: dict[str, bytes] | None = None) -> torch.optim.AdamW:
@@ -144,14 +231,14 @@ def make_optimizer(policy: Policy, grpo: GRPOLMSettings, checkpoint: dict[str, b
 
 def checkpoint_bytes(policy: Policy, optimizer: torch.optim.Optimizer | None) -> dict[str, bytes]:
     """The policy's adapter, optimizer state and version as file name -> bytes."""
-    adapter = {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(policy.model, save_embedding_layers=False).items()}
+    adapter = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(policy.model, save_embedding_layers=False).items()}
     moments: dict[str, torch.Tensor] = {}
     if optimizer is not None:
         index = {id(p): n for n, p in policy.trainable()}
         for p, st in optimizer.state.items():
             for k in ("step", "exp_avg", "exp_avg_sq"):
-                moments[f"{index[id(p)]}::{k}"] = st[k].detach().contiguous()
-    peft_config = policy.model.peft_config["default"].to_dict()
+                moments[f"{index[id(p)]}::{k}"] = st[k].detach().cpu().contiguous()
+    peft_config = policy.model.peft_config[ADAPTER_NAME].to_dict()
     state = {
         "format": FORMAT,
         "version": policy.version,

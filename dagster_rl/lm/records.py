@@ -34,6 +34,37 @@ class LMRollout(Record):
     behavior_version: int
 
 
+def rollout_of(
+    r: RolloutRequest,
+    prompt_ids: list[int],
+    completion_ids: list[int],
+    completion_text: str,
+    logprobs: list[float],
+    finish_reason: str,
+    temperature: float,
+    top_p: float,
+    behavior_version: int,
+) -> LMRollout:
+    """The rollout of request `r`: what an engine sampled for it, with the request's identity."""
+    return LMRollout(
+        trial_id=r.trial_id,
+        step=r.step,
+        prompt=r.prompt,
+        sample=r.sample,
+        prompt_id=r.item.id,
+        reference=r.item.reference,
+        seed=r.seed,
+        prompt_token_ids=list(prompt_ids),
+        completion_token_ids=list(completion_ids),
+        completion_text=completion_text,
+        sampling_logprobs=list(logprobs),
+        finish_reason=finish_reason,
+        temperature=temperature,
+        top_p=top_p,
+        behavior_version=behavior_version,
+    )
+
+
 def plan_requests(prompts: Sequence[PromptItem], seed: int, step: int, n_samples: int) -> list[RolloutRequest]:
     return [
         RolloutRequest(trial_id=f"s{step}-p{p}-n{s}", step=step, prompt=p, sample=s, item=item, seed=seed_of(seed, step, p, s))

@@ -1,7 +1,7 @@
 """The reference policy of the KL term: the base (the adapter switched off) or the warm-up's adapter.
 
-`kl_reference: base` (the default) is the original base model: PEFT's `disable_adapter()`, no extra
-weights. `kl_reference: sft` is the supervised warm-up's adapter (`lm.warmup`), loaded beside the
+`kl_reference: base` (the default) is the original base model: the adapter's layers switched off
+(`Policy.adapter_disabled`), no extra weights. `kl_reference: sft` is the supervised warm-up's adapter (`lm.warmup`), loaded beside the
 trained one as a second, frozen PEFT adapter named `reference`; its forwards switch the active
 adapter to it and back. Switching makes PEFT flip `requires_grad` of both adapters, and switching
 back flips it back, so the trainable parameters (and the optimizer's view of them) are unchanged.
@@ -20,7 +20,7 @@ Reference = Callable[[], AbstractContextManager]  # enter: forwards of the model
 
 
 def base_reference(policy: Policy) -> Reference:
-    return policy.model.disable_adapter
+    return policy.adapter_disabled
 
 
 def adapter_reference(policy: Policy, checkpoint: dict[str, bytes]) -> Reference:

@@ -1,74 +1,63 @@
 """Rollouts of a step on `transformers`: generate, record, and greedy completions for evaluation.
 
 A rollout records what the trainer needs and nothing it must recompute: the prompt and completion
-token ids, the behavior log-probability of every completion token (see `logprobs`), the adapter
-version that sampled it, its trial id and seed. Trial (step, p, n) is seeded by
-seed_of(experiment seed, step, p, n), so a retried rollout is the same rollout, token for token and
-bit for bit, whatever batch it lands in: tokens come from its own generator, and its log-probs from
-a forward of its own sequence alone.
+token ids, the behavior log-probability of every completion token as the sampler drew it (see
+`logprobs`; the sampler runs the policy with its adapter folded in, `Policy.merged`), the adapter version that sampled it, its trial id and seed. Trial (step, p, n) is
+seeded by seed_of(experiment seed, step, p, n): a retried rollout draws the same uniforms whatever
+batch it lands in, so it samples the same tokens wherever the logits agree; its log-probs, from a
+batched decode, agree with another batch's to float rounding. The same requests in the same
+batches give the same bytes.
 """
 
 from collections.abc import Sequence
 
-import torch
-
-from dagster_rl.lm.logprobs import completion_logprobs
 from dagster_rl.lm.policy import Policy
-from dagster_rl.lm.sampling import generate
+from dagster_rl.lm.sampling import Generation, generate
 from dagster_rl.lm.settings import SamplingSettings
-from dagster_rl.lm.records import LMRollout, RolloutRequest
+from dagster_rl.lm.records import LMRollout, RolloutRequest, rollout_of
 from dagster_rl.lm.prompts import PromptItem, encode_prompt
 
 
 def generate_rollouts(
-    policy: Policy, requests: Sequence[RolloutRequest], sampling: SamplingSettings, template: str, batch_size: int = 64
+    policy: Policy, requests: Sequence[RolloutRequest], sampling: SamplingSettings, template: str, batch_size: int = 256
 ) -> list[LMRollout]:
-    """Sample every request with the policy's current adapter, in batches; sorted by trial id."""
+    """Sample every request with the policy's current adapter, in batches of `batch_size` rows (one
+    forward per token for a whole batch: its Python overhead is what small batches pay for); sorted
+    by trial id."""
     tok = policy.tokenizer
-    model = policy.model.eval()
+    policy.mode(training=False)
     rollouts: list[LMRollout] = []
-    # Log-probs are a pure function of the sequence: samples of a group that sampled the same
-    # completion (common once the policy is sure of itself) share one forward, bit for bit.
-    logps: dict[tuple[tuple[int, ...], tuple[int, ...]], list[float]] = {}
-    for start in range(0, len(requests), batch_size):
-        batch = list(requests[start : start + batch_size])
-        prompt_ids = [encode_prompt(tok, r.item, template) for r in batch]
-        gens = generate(model, prompt_ids, [r.seed for r in batch], sampling, tok.eos_token_id, tok.pad_token_id)
-        for r, ids, g in zip(batch, prompt_ids, gens):
-            key = (tuple(ids), tuple(g.completion_ids))
-            if key not in logps:
-                with torch.inference_mode():
-                    logps[key] = completion_logprobs(model, ids, g.completion_ids, sampling.temperature).tolist()
-            rollouts.append(
-                LMRollout(
-                    trial_id=r.trial_id,
-                    step=r.step,
-                    prompt=r.prompt,
-                    sample=r.sample,
-                    prompt_id=r.item.id,
-                    reference=r.item.reference,
-                    seed=r.seed,
-                    prompt_token_ids=ids,
-                    completion_token_ids=g.completion_ids,
-                    completion_text=tok.decode(g.completion_ids, skip_special_tokens=True),
-                    sampling_logprobs=list(logps[key]),
-                    finish_reason=g.finish_reason,
-                    temperature=sampling.temperature,
-                    top_p=sampling.top_p,
-                    behavior_version=policy.version,
-                )
-            )
+    encoded: dict[str, list[int]] = {}  # the samples of a group share their prompt's tokens
+    with policy.merged() as model:
+        for start in range(0, len(requests), batch_size):
+            batch = list(requests[start : start + batch_size])
+            prompt_ids = [_encode(tok, r.item, template, encoded) for r in batch]
+            gens = generate(model, prompt_ids, [r.seed for r in batch], sampling, tok.eos_token_id, tok.pad_token_id)
+            rollouts += [_rollout(policy, r, ids, g, sampling) for r, ids, g in zip(batch, prompt_ids, gens)]
     return sorted(rollouts, key=lambda r: r.trial_id)
 
 
-def greedy_completions(policy: Policy, items: Sequence[PromptItem], template: str, max_new_tokens: int, batch_size: int = 64) -> list[str]:
+def _rollout(policy: Policy, r: RolloutRequest, ids: list[int], g: Generation, sampling: SamplingSettings) -> LMRollout:
+    text = policy.tokenizer.decode(g.completion_ids, skip_special_tokens=True)
+    return rollout_of(r, ids, g.completion_ids, text, g.logprobs, g.finish_reason, sampling.temperature, sampling.top_p, policy.version)
+
+
+def _encode(tok, item: PromptItem, template: str, encoded: dict[str, list[int]]) -> list[int]:
+    if item.question not in encoded:
+        encoded[item.question] = encode_prompt(tok, item, template)
+    return list(encoded[item.question])
+
+
+def greedy_completions(policy: Policy, items: Sequence[PromptItem], template: str, max_new_tokens: int, batch_size: int = 256) -> list[str]:
     """Greedy completions (evaluation), in the order of `items`."""
     tok = policy.tokenizer
     greedy = SamplingSettings(temperature=0.0, max_new_tokens=max_new_tokens)
     texts: list[str] = []
-    for start in range(0, len(items), batch_size):
-        batch = list(items[start : start + batch_size])
-        ids = [encode_prompt(tok, it, template) for it in batch]
-        gens = generate(policy.model.eval(), ids, [0] * len(batch), greedy, tok.eos_token_id, tok.pad_token_id)
-        texts += [tok.decode(g.completion_ids, skip_special_tokens=True) for g in gens]
+    policy.mode(training=False)
+    with policy.merged() as model:
+        for start in range(0, len(items), batch_size):
+            batch = list(items[start : start + batch_size])
+            ids = [encode_prompt(tok, it, template) for it in batch]
+            gens = generate(model, ids, [0] * len(batch), greedy, tok.eos_token_id, tok.pad_token_id)
+            texts += [tok.decode(g.completion_ids, skip_special_tokens=True) for g in gens]
     return texts

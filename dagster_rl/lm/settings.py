@@ -26,14 +26,20 @@ class LoRASettings(Strict):
 
 class PolicySettings(Strict):
     base_model: str = Field(description="a local model folder or a hub id (read offline when HF_HUB_OFFLINE=1)")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="of the base model; the adapter and its optimizer stay float32")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        exclude=True,  # where a policy runs is not part of what it computes: no key or hash holds it
+        description="auto: cuda when this process sees a GPU, else cpu. Not in any cache key: a run resumed on "
+        "another device reuses every stored step (numbers agree to float rounding across devices)",
+    )
     lora: LoRASettings = LoRASettings()
 
 
 class SamplingSettings(Strict):
     temperature: float = Field(1.0, ge=0.0, description="0: greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(16, ge=1)
+    max_new_tokens: int = Field(16, ge=1, le=32_768)
 
 
 class GRPOLMSettings(Strict):
@@ -48,6 +54,18 @@ class GRPOLMSettings(Strict):
     adam_eps: float = Field(1e-8, gt=0.0)
     max_grad_norm: float = Field(1.0, gt=0.0)
     advantage_eps: float = Field(1e-4, gt=0.0)
+    micro_batch_tokens: int = Field(
+        1024,
+        ge=1,
+        description="padded tokens (rows x longest sequence) per forward and backward of the trainer: bounds its "
+        "activation memory; each costs a fixed overhead (the Python of two forwards and a backward). On a GPU with "
+        "memory to spare raise it (4096-16384)",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="recompute each layer's activations in the backward (TRL's default): a micro-batch keeps the "
+        "inputs of its layers instead of all their activations, for about a third more compute",
+    )
 
 
 class LMRubric(Strict):
@@ -69,9 +87,9 @@ class LMRubric(Strict):
 class WarmupSettings(Strict):
     """Supervised fine-tuning of the adapter before step 0 (the `<exp>/sft` asset)."""
 
-    demos: int = Field(64, ge=1, description="worked answers drawn from the training split")
-    steps: int = Field(20, ge=1, description="optimizer steps")
-    batch_size: int = Field(16, ge=1, description="demonstrations per step")
+    demos: int = Field(64, ge=1, le=1_000_000, description="worked answers drawn from the training split")
+    steps: int = Field(20, ge=1, le=1_000_000, description="optimizer steps")
+    batch_size: int = Field(16, ge=1, le=65_536, description="demonstrations per step")
     learning_rate: float = Field(3e-3, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     max_grad_norm: float = Field(1.0, gt=0.0)

@@ -8,7 +8,7 @@ from dagster_rl.lm.experiment import LMExperiment
 from dagster_rl.lm.grading import LMGrading
 from dagster_rl.lm.rewards import score
 from dagster_rl.store import ArtifactStore
-from dagster_rl.task import RolloutEnv, StepAssetSpec, Task, TrainerEnv, WarmupResult, WarmupSpec, register
+from dagster_rl.task import Command, RolloutEnv, StepAssetSpec, Task, TrainerEnv, WarmupResult, WarmupSpec, register
 
 
 def _loop():
@@ -29,6 +29,17 @@ def _hf(exp: LMExperiment, env: RolloutEnv):
     return HFRollouts(limits=env.limits)
 
 
+def _openai_server(exp: LMExperiment, env: RolloutEnv):
+    from dagster_rl.lm.rollout_server import ServerRollouts
+
+    if env.endpoint is None:
+        raise ValueError(
+            f"experiment {exp.name} generates with rollout backend openai_server, but the rollout environment names no "
+            "server: set RolloutEnvironment(base_url=...) (or DAGSTER_RL_ROLLOUT_URL), e.g. http://vllm:8000/v1"
+        )
+    return ServerRollouts(env.endpoint, env.limits)
+
+
 def _in_process(exp: LMExperiment, env: TrainerEnv):
     from dagster_rl.lm.backends import LMTrainer
 
@@ -46,14 +57,49 @@ def _torchrun(exp: LMExperiment, env: TrainerEnv):
     )
 
 
+def _k8s(exp: LMExperiment, env: TrainerEnv):
+    from dagster_rl.lm.backends import LMTrainer
+
+    if env.pods is None:
+        raise ValueError(
+            f"experiment {exp.name} trains with trainer backend k8s, but the trainer environment has no Kubernetes "
+            "launcher: set TrainerEnvironment(k8s=PipesK8sJobLauncher(...)) (or DAGSTER_RL_K8S_IMAGE, see the README)"
+        )
+    return LMTrainer(
+        limits=env.limits,
+        nproc_per_node=exp.trainer.nproc_per_node,
+        threads_per_process=exp.trainer.threads_per_process,
+        workdir=env.pods.workdir,
+        pods=env.pods,
+    )
+
+
+def _serve_arguments(parser):
+    from dagster_rl.lm.serve import add_arguments
+
+    add_arguments(parser)
+
+
+def _serve(args) -> None:
+    from dagster_rl.lm.serve import main
+
+    main(args)
+
+
+SERVE = Command(
+    help="serve a model (and LoRA adapters) over the subset of vLLM's OpenAI-compatible API the openai_server backend uses",
+    add_arguments=_serve_arguments,
+    run=_serve,
+)
+
 TASK = register(
     Task(
         kind="verifiable_prompts",
         experiment=LMExperiment,
         loop=_loop,
         score=lambda exp, rollout: score(rollout, exp.rubric),
-        rollout={"hf": _hf},
-        trainer={"in_process": _in_process, "torchrun": _torchrun},
+        rollout={"hf": _hf, "openai_server": _openai_server},
+        trainer={"in_process": _in_process, "torchrun": _torchrun, "k8s": _k8s},
         grading=LMGrading(),
         warmup=WarmupSpec(
             "sft",
@@ -68,5 +114,6 @@ TASK = register(
                 "Greedy accuracy of the step's weights on the held-out prompts (base model's too), off the critical path.",
             ),
         ),
+        commands={"serve": SERVE},
     )
 )

@@ -1,9 +1,12 @@
 """One GRPO update of the adapter over a batch of samples, in one process or data-parallel.
 
-Each rank holds a shard of the samples (maybe none). Per sample: new_logp (adapter on, with grad),
-ref_logp (adapter disabled, no grad), the GRPO loss scaled by world_size / total_samples, backward.
-DDP averages gradients over ranks, so the synchronized gradient is (1/N) sum_i grad loss_i over all
-N samples: the single-process gradient. Per-sample backwards run inside `no_sync()` (local
+Each rank holds a shard of the samples (maybe none) and packs it into right-padded micro-batches of
+at most `grpo.micro_batch_tokens` padded tokens (a longer sample is a micro-batch of its own). Per
+micro-batch: the reference log-probs in one no-grad forward (all of them under one
+`Policy.adapter_disabled()`), the policy's in one forward with grad, the GRPO loss of its samples scaled by
+world_size / total_samples, one backward. DDP averages gradients over ranks, so the synchronized
+gradient is (1/N) sum_i grad loss_i over all N samples: the single-process, per-sample gradient up
+to float rounding, whatever the micro-batches. Micro-batch backwards run inside `no_sync()` (local
 accumulation, no collective, each graph freed at once); then every rank, empty shard or not, runs
 exactly ONE forward of one token through the DDP module, scaled by 0.0, and its backward: the one
 all-reduce. The collective count is the same on every rank by construction.
@@ -19,8 +22,8 @@ import torch.distributed as dist
 from dagster_rl.advantages import group_normalized_advantages, groups_with_signal
 from dagster_rl.errors import DagsterRLError
 from dagster_rl.hashing import seed_of
-from dagster_rl.lm.grpo_loss import grpo_sample_loss
-from dagster_rl.lm.logprobs import completion_logprobs
+from dagster_rl.lm.grpo_loss import grpo_batch_loss
+from dagster_rl.lm.logprobs import PackedBatch, pack, packed_logprobs
 from dagster_rl.lm.policy import Policy
 from dagster_rl.lm.rewards import LMReward
 from dagster_rl.lm.records import LMRollout
@@ -41,9 +44,10 @@ class TrainSample:
 class TrainMetrics(Record):
     version: int  # of the adapter this step produced
     loss: float  # mean over samples
-    ratio: float
+    ratio: float  # mean over samples of the token mean
     kl: float
     clip_frac: float
+    ratio_max_dev: float  # max over the step's tokens of |ratio - 1|: float noise on-policy, the lag's drift off it
     grad_norm: float  # before clipping
     samples_used: int
     groups: int
@@ -85,6 +89,30 @@ def shard(samples: Sequence[TrainSample], rank: int, world_size: int) -> list[Tr
     return list(samples[rank::world_size])
 
 
+def micro_batches(samples: Sequence[TrainSample], budget: int) -> list[list[int]]:
+    """Indices of `samples` grouped into micro-batches of at most `budget` padded tokens (rows x the
+    longest sequence), shortest sequences first so that rows of a batch are alike; a sequence longer
+    than the budget is a batch of its own. A pure function of the samples: the same plan packs the same."""
+    order = sorted(range(len(samples)), key=lambda i: (len(samples[i].prompt_ids) + len(samples[i].completion_ids), i))
+    batches: list[list[int]] = []
+    for i in order:
+        length = len(samples[i].prompt_ids) + len(samples[i].completion_ids)  # the longest so far: sorted
+        if batches and (len(batches[-1]) + 1) * length <= budget:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def _pack(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -> tuple[PackedBatch, torch.Tensor, torch.Tensor]:
+    """The micro-batch, its behavior log-probs (B, C) padded with 0, and its advantages (B,)."""
+    batch = pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], [s.temperature for s in samples], pad_id, device)
+    old = torch.zeros(batch.completion_mask.shape, dtype=torch.float32)
+    for row, s in enumerate(samples):
+        old[row, : len(s.old_logp)] = torch.tensor(s.old_logp, dtype=torch.float32)
+    return batch, old.to(device), torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device)
+
+
 def train_step(
     policy: Policy,
     optimizer: torch.optim.Optimizer,
@@ -105,34 +133,39 @@ def train_step(
     world_size = dist.get_world_size() if ddp is not None else 1
     if total_samples < 1:
         raise DagsterRLError("a train step needs at least one sample across all ranks")
+    if any(len(s.old_logp) != len(s.completion_ids) for s in samples):
+        raise DagsterRLError("a sample's behavior log-probs do not cover its completion tokens; the rollout record is corrupt")
     model = policy.model
     forward_model = ddp if ddp is not None else model
     scale = world_size / total_samples
-    sums = torch.zeros(5, dtype=torch.float64)  # loss, ratio, kl, clip_frac, samples
     device = next(model.parameters()).device
+    sums = torch.zeros(5, dtype=torch.float64, device=device)  # loss, ratio, kl, clip_frac, samples
+    max_dev = torch.zeros((), dtype=torch.float64, device=device)
+    pad = policy.tokenizer.pad_token_id
+    batches = [_pack([samples[i] for i in idx], pad, device) for idx in micro_batches(samples, grpo.micro_batch_tokens)]
     cuda = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed_of("train-step", policy.version))  # LoRA dropout, if any: same on every replay
-        model.train()
+        policy.mode(training=True)  # and left so: whoever samples next sets eval mode
+        policy.activation_checkpointing(grpo.activation_checkpointing)
         optimizer.zero_grad(set_to_none=True)
-        # every reference forward under one switch: entering and leaving it walks every module of
-        # the model, which costs more than a forward of the tiny model
-        with torch.no_grad(), (reference or model.disable_adapter)():
-            refs = [completion_logprobs(model, s.prompt_ids, s.completion_ids, s.temperature) for s in samples]
+        # every reference forward under one switch (the base: the adapter's layers off): a switch walks the whole model
+        with torch.no_grad(), (reference or policy.adapter_disabled)():
+            refs = [packed_logprobs(model, batch) for batch, _, _ in batches]
         with ddp.no_sync() if ddp is not None else nullcontext():
-            for s, ref in zip(samples, refs):
-                new = completion_logprobs(forward_model, s.prompt_ids, s.completion_ids, s.temperature)
-                old = torch.tensor(s.old_logp, dtype=torch.float32, device=new.device)
-                loss, stats = grpo_sample_loss(new, old, ref, s.advantage, grpo.clip_eps, grpo.kl_beta)
-                (loss * scale).backward()
-                sums += torch.tensor([stats.loss, stats.ratio, stats.kl, stats.clip_frac, 1.0], dtype=torch.float64)
+            for (batch, old, adv), ref in zip(batches, refs):
+                new = packed_logprobs(forward_model, batch)
+                loss, stats = grpo_batch_loss(new, old, ref, batch.completion_mask, adv, grpo.clip_eps, grpo.kl_beta)
+                (loss.sum() * scale).backward()
+                sums[:4] += torch.stack([x.sum() for x in (loss.detach(), stats.ratio, stats.kl, stats.clip_frac)]).double()
+                sums[4] += len(adv)
+                max_dev = torch.maximum(max_dev, stats.ratio_max_dev.double())
         if ddp is not None:
-            sync = ddp(input_ids=torch.tensor([[policy.tokenizer.pad_token_id]], device=device), use_cache=False)
+            sync = ddp(input_ids=torch.tensor([[pad]], device=device), use_cache=False)
             (sync.logits.float().sum() * 0.0).backward()  # the one synchronizing backward
-            reduced = sums.to(device)
-            dist.all_reduce(reduced)
-            sums = reduced.cpu()
-        model.eval()
+            dist.all_reduce(sums)
+            dist.all_reduce(max_dev, op=dist.ReduceOp.MAX)
+    sums, max_dev = sums.cpu(), float(max_dev)
     named = policy.trainable()
     for _, p in named:
         if p.grad is None:  # single process, no sample touched it
@@ -152,6 +185,7 @@ def train_step(
         ratio=float(sums[1]) / n,
         kl=float(sums[2]) / n,
         clip_frac=float(sums[3]) / n,
+        ratio_max_dev=max_dev,
         grad_norm=float(grad_norm),
         samples_used=int(n),
         groups=int(facts["groups"]),

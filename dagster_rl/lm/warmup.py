@@ -84,9 +84,9 @@ def warm_up(policy: Policy, items: Sequence[PromptItem], template: str, settings
     order = random.Random(seed_of(seed, "warmup", "order"))
     queue: list[int] = []
     losses = []
-    model = policy.model
-    model.train()
-    with torch.random.fork_rng(devices=[]):
+    model = policy.mode(training=True)
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
         torch.manual_seed(seed_of(seed, "warmup", "dropout"))
         for _ in range(settings.steps):
             while len(queue) < settings.batch_size:  # epochs of a fresh permutation each
@@ -98,7 +98,7 @@ def warm_up(policy: Policy, items: Sequence[PromptItem], template: str, settings
             torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
             optimizer.step()
             losses.append(float(total.detach()) / count)
-    model.eval()
+    policy.mode(training=False)
     files = checkpoint_bytes(policy, None)  # version 0, no optimizer moments: GRPO starts its own
     stats = WarmupStats(
         demos=[it.id for it in demos],

@@ -2,9 +2,11 @@
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dagster_rl.experiment import Experiment, Strict
+
+MAX_DOCS_PER_STEP = 100_000  # documents of the worlds a step uses: written once, read by every trial
 
 
 class SecretSearchTask(Strict):
@@ -46,6 +48,16 @@ class SecretSearchExperiment(Experiment):
     task: SecretSearchTask
     rubric: Rubric = Rubric()
     grpo: GRPOSettings = GRPOSettings()
+
+    @model_validator(mode="after")
+    def _bounded_worlds(self) -> "SecretSearchExperiment":
+        used = min(self.task.n_worlds, self.prompts_per_step)  # prompt p plays world p mod n_worlds
+        if used * self.task.n_docs > MAX_DOCS_PER_STEP:
+            raise ValueError(
+                f"a step uses {used} worlds of {self.task.n_docs} documents = {used * self.task.n_docs} documents, more than "
+                f"{MAX_DOCS_PER_STEP}; use fewer documents per world or fewer prompts per step"
+            )
+        return self
 
     def backends(self) -> dict[str, str]:
         return {"rollout": "sandbox", "trainer": "in_process"}

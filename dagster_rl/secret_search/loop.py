@@ -12,18 +12,17 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from dagster_rl import counters
-from dagster_rl.checks import require_enough_trials, step_checks
+from dagster_rl.checks import step_checks
 from dagster_rl.experiment import step_key
 from dagster_rl.hashing import cache_key, canonical_json, seed_of
-from dagster_rl.records import STATS, Rewards, Rollouts
+from dagster_rl.records import STATS, Rewards, Rollouts, TrialFailed
 from dagster_rl.retries import AttemptsExhausted
-from dagster_rl.secret_search.backends import SandboxRollouts, TabularTrainer
 from dagster_rl.secret_search.experiment import SecretSearchExperiment as Exp
 from dagster_rl.secret_search.prior import uniform
 from dagster_rl.secret_search.records import Reward, TabularTrainStats, TabularWeights, Trajectory, TrialSpec
 from dagster_rl.secret_search.update import prior_finite
 from dagster_rl.secret_search.world import WORLD_CODE_VERSION, build_world, world_ids
-from dagster_rl.steps import by_trial, collect_rewards, mean, rewards_key, rollouts_key, step_rewards
+from dagster_rl.steps import Judged, collect_judgements, mean, recovered, rewards_key, rollouts_key, step_rewards, trial_set
 from dagster_rl.store import DATA, ArtifactRef, ArtifactStore
 from dagster_rl.task import Backends, JudgeBackend, StepResult, Warn, Weights
 
@@ -38,8 +37,8 @@ Worlds = dict[str, tuple[ArtifactRef, dict[str, bytes]]]
 
 
 def initial_weights(exp: Exp, store: ArtifactStore) -> Weights[TabularWeights]:
-    """Uniform priors: deterministic, so step 0's inputs hash the same in every run."""
-    uniform_priors = TabularWeights(version=0, doc_prior={w: uniform(exp.task.n_docs) for w in world_ids(exp.task.n_worlds)})
+    """Uniform priors over the worlds a step uses: deterministic, so step 0's inputs hash the same in every run."""
+    uniform_priors = TabularWeights(version=0, doc_prior={w: uniform(exp.task.n_docs) for w in used_worlds(exp)})
     key = cache_key("weights", CODE_VERSIONS["initial"], task=exp.task)
     return Weights("initial", store.put_model("weights", key, uniform_priors), uniform_priors, 0)
 
@@ -49,9 +48,14 @@ def load_weights(store: ArtifactStore, partition: str, key: str) -> Weights[Tabu
     return Weights(partition, store.ref("weights", key), stored, stored.version)
 
 
+def used_worlds(exp: Exp) -> list[str]:
+    """The worlds the trials of a step use (prompt p plays world p mod n_worlds): only these are made."""
+    return world_ids(exp.task.n_worlds)[: min(exp.task.n_worlds, exp.prompts_per_step)]
+
+
 def ensure_worlds(exp: Exp, store: ArtifactStore) -> Worlds:
     worlds = {}
-    for w in world_ids(exp.task.n_worlds):
+    for w in used_worlds(exp):
         key = cache_key("world", WORLD_CODE_VERSION, world_id=w, n_docs=exp.task.n_docs)
         files, ref, _ = store.get_or_put_files("worlds", key, lambda w=w: build_world(w, exp.task.n_docs))
         worlds[w] = (ref, files)
@@ -72,45 +76,49 @@ def plan_trials(exp: Exp, step: int) -> list[TrialSpec]:
 def run_step(
     exp: Exp, step: int, start: Weights[TabularWeights], store: ArtifactStore, backends: Backends, warn: Warn = log.warning
 ) -> tuple[StepResult, Weights[TabularWeights]]:
-    """Generate, judge and train one step from `start`; reuse every artifact whose key exists."""
+    """Generate, judge and train one step from `start`; reuse every artifact whose key exists, and
+    every trial an earlier attempt of the step stored (only failed trials run again)."""
     t0, before, timings = time.monotonic(), counters.snapshot(), {}
     worlds = ensure_worlds(exp, store)
-    specs = plan_trials(exp, step)
-    judged: dict[str, list] = {}  # rewards judged while generating, when the rollouts are new
+    specs = {s.trial_id: s for s in plan_trials(exp, step)}
+    progress = backends.progress
+    progress.begin(step, len(specs))
+    judged = Judged()  # rewards judged while generating
 
-    def generate() -> Rollouts[Trajectory]:
-        trajectories, rewards, skipped, fan_out_s = _fan_out(exp, specs, start, worlds, backends.rollout, backends.judge, warn)
-        timings.update(fan_out_s)
-        require_enough_trials(exp, step, len(rewards), len(specs), skipped)  # before anything is stored
-        judged.update(rewards=rewards, skipped=skipped)
-        produced = {t.trial_id for t in trajectories}
+    def run(pending: list[str]) -> list:
+        progress.generated(step, len(specs) - len(pending))
+        return _fan_out(exp, step, [specs[t] for t in pending], start, worlds, backends, judged)
+
+    def make(trajectories: list[Trajectory], failed: list[str]) -> Rollouts[Trajectory]:
         return Rollouts[Trajectory](
-            step=step,
-            behavior_policy=start.lineage(),
-            n_trials_planned=len(specs),
-            trajectories=by_trial(trajectories),
-            skipped=sorted(t for t in skipped if t not in produced),
+            step=step, behavior_policy=start.lineage(), n_trials_planned=len(specs), trajectories=trajectories, skipped=failed
         )
 
-    rollouts, rollouts_ref, rollouts_hit = store.get_or_put(
-        "rollouts", _rollouts_key(exp, step, start, worlds), Rollouts[Trajectory], generate
-    )
+    rollouts = trial_set(store, "rollouts", _rollouts_key(exp, step, start, worlds), Rollouts[Trajectory], list(specs), run, make, warn)
+    if rollouts.hit:
+        progress.generated(step, len(specs))
+    timings["generate_s"] = time.monotonic() - t0
 
     t = time.monotonic()
-    rewards, rewards_ref, rewards_hit = store.get_or_put(
-        "rewards",
-        _rewards_key(exp, rollouts_ref.content_hash, backends.judge),
+    progress.phase(step, "judging")
+    rewards = step_rewards(
+        store,
+        exp,
+        _rewards_key(exp, rollouts.ref.content_hash, backends.judge),
+        rollouts,
+        judged,
+        backends.judge,
+        warn,
         Rewards[Reward],
-        lambda: step_rewards(exp, rollouts, rollouts_ref, judged, backends.judge, warn, Rewards[Reward]),
+        lambda n: progress.judged(step, n),
     )
-    if rollouts_hit and not rewards_hit:  # judged now, not while generating
-        timings["judge_s"] = time.monotonic() - t
+    timings["judge_s"] = time.monotonic() - t
 
     def train() -> dict[str, bytes]:
         if exp.faults.step_delay_s:  # fault injection: a step slow enough to be killed in the middle
             time.sleep(exp.faults.step_delay_s)
         t = time.monotonic()
-        trained, raw = backends.trainer.train(exp, start.payload, rewards.rewards)
+        trained, raw = backends.trainer.train(exp, start.payload, rewards.value.rewards)
         timings["train_s"] = time.monotonic() - t
         stats = TabularTrainStats(
             step=step,
@@ -120,13 +128,14 @@ def run_step(
             grad_norm=raw["grad_norm"],
             prev_weights_key=start.ref.key,
             prev_weights_hash=start.ref.content_hash,
-            rewards_key=rewards_ref.key,
-            rewards_hash=rewards_ref.content_hash,
+            rewards_key=rewards.ref.key,
+            rewards_hash=rewards.ref.content_hash,
         )
         return {DATA: canonical_json(trained), STATS: canonical_json(stats)}
 
+    progress.phase(step, "training")
     weights_key = cache_key(
-        "weights", CODE_VERSIONS["weights"], grpo=exp.grpo, prev=start.ref.content_hash, rewards=rewards_ref.content_hash
+        "weights", CODE_VERSIONS["weights"], grpo=exp.grpo, prev=start.ref.content_hash, rewards=rewards.ref.content_hash
     )
     files, weights_ref, weights_hit = store.get_or_put_files("weights", weights_key, train)
     stats = TabularTrainStats.model_validate_json(files[STATS])
@@ -134,9 +143,10 @@ def run_step(
     weights = Weights(step_key(step), weights_ref, trained, trained.version)
 
     after = counters.snapshot()
-    usable = rewards.rewards
-    turns = {t.trial_id: t.turns for t in rollouts.trajectories}
+    usable = rewards.value.rewards
+    turns = {t.trial_id: t.turns for t in rollouts.value.trajectories}
     timings["step_s"] = time.monotonic() - t0
+    progress.end(step)
     result = StepResult(
         step=step,
         n_trials=len(usable),
@@ -144,10 +154,11 @@ def run_step(
         mean_reward=mean([r.reward for r in usable]),
         success_rate=mean([float(r.verified) for r in usable]),
         weights_version=trained.version,
-        cache={a: "hit" if hit else "miss" for a, hit in (("rollouts", rollouts_hit), ("rewards", rewards_hit), ("weights", weights_hit))},
-        refs={"rollouts": rollouts_ref, "rewards": rewards_ref, "weights": weights_ref},
-        behavior_policy=rollouts.behavior_policy,
-        skipped_trials=rewards.skipped,
+        cache={"rollouts": rollouts.cache, "rewards": rewards.cache, "weights": "hit" if weights_hit else "miss"},
+        refs={"rollouts": rollouts.ref, "rewards": rewards.ref, "weights": weights_ref},
+        behavior_policy=rollouts.value.behavior_policy,
+        skipped_trials=rewards.value.skipped,
+        recovered_trials=recovered(rollouts, rewards),
         trials_executed=after.get("trials_executed", 0) - before.get("trials_executed", 0),
         judge_calls=after.get("judge_calls", 0) - before.get("judge_calls", 0),
         metrics={
@@ -162,32 +173,28 @@ def run_step(
 
 
 def _fan_out(
-    exp: Exp,
-    specs: list[TrialSpec],
-    start: Weights[TabularWeights],
-    worlds: Worlds,
-    rollout: SandboxRollouts,
-    judge: JudgeBackend,
-    warn: Warn,
-) -> tuple[list[Trajectory], list[Reward], list[str], dict[str, float]]:
-    """Run every trial concurrently and judge each trajectory the moment it lands."""
-    t0 = time.monotonic()
-    trajectories, skipped = [], []
+    exp: Exp, step: int, specs: list[TrialSpec], start: Weights[TabularWeights], worlds: Worlds, backends: Backends, judged: Judged
+) -> list:
+    """Run the trials concurrently and judge each trajectory the moment it lands: one outcome per
+    trial (its trajectory, or a TrialFailed); the judgements go into `judged`."""
+    rollout, judge, progress = backends.rollout, backends.judge, backends.progress
+    outcomes = []
     with ThreadPoolExecutor(rollout.limits.max_concurrency) as gen_pool, ThreadPoolExecutor(judge.limits.max_concurrency) as judge_pool:
         gens = {gen_pool.submit(rollout.run, exp, s, start.payload, worlds[s.world_id][1]): s for s in specs}
-        judging = {}
+        judging, landed = {}, {}
         for fut in as_completed(gens):
+            progress.generated(step)
             try:
                 traj = fut.result()
             except AttemptsExhausted as e:
-                warn(f"trial failed after its retries, skipped: {e}")
-                skipped.append(gens[fut].trial_id)
+                outcomes.append(TrialFailed(trial_id=gens[fut].trial_id, error=str(e)))
                 continue
-            trajectories.append(traj)
+            outcomes.append(traj)
+            landed[traj.trial_id] = traj
             judging[judge_pool.submit(judge.judge, exp, traj)] = traj.trial_id
-        generate_s = time.monotonic() - t0
-        rewards, judge_skipped = collect_rewards(judging, warn)
-    return trajectories, rewards, skipped + judge_skipped, {"generate_s": generate_s, "judge_s": time.monotonic() - t0}
+        for outcome in collect_judgements(judging, lambda n: progress.judged(step, n)):
+            judged.add(landed[outcome.trial_id], outcome)
+    return outcomes
 
 
 def _rollouts_key(exp: Exp, step: int, behavior: Weights, worlds: Worlds) -> str:

@@ -1,0 +1,169 @@
+"""One run of an experiment at a time, and no run left STARTED by a dead process.
+
+Each experiment's driver is in the Dagster concurrency pool `dagster_rl/<experiment>` with a limit
+of 1 (set on the instance the first time a run of it executes, unless a limit is set there
+already: `concurrency: pools: default_limit` in `dagster.yaml`, or the UI's Concurrency page).
+So a second run of an experiment, however it was launched (`dagster asset materialize`,
+`dagster job launch`, a UI backfill), starts and waits ("Step blocked by limit for pool ...")
+until the first ends, then resumes where the first stopped: its finished steps are cache hits.
+
+A slot is held until its run ends, so a run whose process died (SIGKILL, OOM killer, a reboot)
+would block its experiment for ever. The code location's executor (`experiment_executor`, the
+multiprocess executor plus this) tags every run with where its orchestrating process runs, and
+while a run waits for its experiment's pool it looks at the runs that hold or wait for that pool
+and at the experiment's runs still marked started:
+- a finished run that still holds a slot: the slot is freed;
+- a run whose orchestrating process is gone (same machine and boot, pid not alive): the run is
+  marked failed (its log says by whom and why), the step processes it left are killed, its slot
+  is freed, and this run's log says so;
+- a live run: this run's log names it and says that this run waits for it.
+A run whose process ran on another machine (a Kubernetes pod) is left to run monitoring
+(`K8sRunLauncher` checks its pod); once it is marked failed, its slot is freed here.
+"""
+
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+from dagster import DagsterRunStatus, Executor, RunsFilter, executor, multiple_process_executor_requirements, multiprocess_executor
+from dagster._core.events import DagsterEvent
+from dagster._core.storage.dagster_run import DagsterRun
+
+from assets.console import CONSOLE
+from resources.run_launcher import kill_and_wait, leftover_processes, process_alive, process_started_at
+
+POOL_PREFIX = "dagster_rl/"
+EXPERIMENT_TAG = "dagster_rl/experiment"
+PROCESS_TAG = "dagster_rl/process"  # host|boot id|pid|process start time of the run's orchestrating process
+WATCH_EVERY_S = 5.0
+LIVE = (DagsterRunStatus.STARTED, DagsterRunStatus.STARTING)
+
+
+def experiment_pool(name: str) -> str:
+    return f"{POOL_PREFIX}{name}"
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def this_process() -> str:
+    pid = os.getpid()
+    return f"{socket.gethostname()}|{_boot_id()}|{pid}|{process_started_at(pid) or ''}"
+
+
+def process_gone(tag: str | None) -> tuple[bool, str]:
+    """(gone, where) for a run's PROCESS_TAG: gone only when it ran on this machine since its last
+    boot and that process is not alive; a process elsewhere, or untagged, is not known to be gone."""
+    if not tag or tag.count("|") != 3:
+        return False, "an unknown process"
+    host, boot, pid, started = tag.split("|")
+    where = f"process {pid} on {host}"
+    if host != socket.gethostname() or boot != _boot_id() or not pid.isdigit():
+        return False, where
+    now_started = process_started_at(int(pid))
+    same = process_alive(int(pid)) and (not started or now_started is None or abs(now_started - float(started)) < 2.0)
+    return not same, where
+
+
+def ensure_limit(instance, pool: str) -> None:
+    """Limit 1 on the pool unless the instance sets a limit for it (or a default limit)."""
+    if instance.event_log_storage.get_concurrency_info(pool).limit is None:
+        instance.event_log_storage.set_concurrency_slots(pool, 1)
+
+
+def look_at_holders(instance, pool: str, experiment: str, me: DagsterRun, seen: set[str]) -> list[str]:
+    """Free the slots of finished runs, fail the runs of the experiment whose process is gone;
+    return what this run's log should say (each waited-for run once)."""
+    info = instance.event_log_storage.get_concurrency_info(pool)
+    ids = {s.run_id for s in info.claimed_slots} | {s.run_id for s in info.pending_steps}
+    started = instance.get_runs(RunsFilter(statuses=list(LIVE), tags={EXPERIMENT_TAG: experiment}))
+    ids |= {r.run_id for r in started}
+    said = []
+    for run_id in sorted(ids - {me.run_id}):
+        run = instance.get_run_by_id(run_id)
+        if run is None or run.status not in LIVE:
+            instance.event_log_storage.free_concurrency_slots_for_run(run_id)
+            continue
+        gone, where = process_gone(run.tags.get(PROCESS_TAG))
+        if gone:
+            stopped = kill_and_wait(leftover_processes(instance, run_id))
+            left = f"; killed the step process(es) {stopped} it left" if stopped else ""
+            instance.report_run_failed(
+                run, f"Marked failed by run {me.run_id} of {experiment}: its {where} is gone (killed, or the machine restarted){left}."
+            )
+            instance.event_log_storage.free_concurrency_slots_for_run(run_id)
+            said.append(f"Run {run_id} of experiment {experiment} was left started by its {where}, which is gone: marked it failed{left}, freed its slot of pool {pool}.")
+        elif run_id not in seen and run_id in {s.run_id for s in info.claimed_slots}:
+            seen.add(run_id)
+            since = datetime.fromtimestamp(r.start_time, timezone.utc).isoformat() if (r := instance.get_run_record_by_id(run_id)) and r.start_time else "?"
+            said.append(
+                f"Run {run_id} of experiment {experiment} (started {since}, {where}) is running: this run waits for it "
+                f"(pool {pool} admits one run of an experiment at a time), then resumes where it stopped."
+            )
+    return said
+
+
+class ExperimentExecutor(Executor):
+    """The multiprocess executor, plus what this module's doc says, for the runs of experiment drivers."""
+
+    def __init__(self, inner: Executor):
+        self._inner = inner
+
+    @property
+    def retries(self):
+        return self._inner.retries
+
+    @property
+    def step_dependency_config(self):
+        return self._inner.step_dependency_config
+
+    def execute(self, plan_context, execution_plan) -> Iterator[DagsterEvent]:
+        instance, run = plan_context.instance, plan_context.dagster_run
+        steps = [execution_plan.get_step_by_key(k) for k in execution_plan.step_keys_to_execute]
+        pools = sorted({s.pool for s in steps if s.pool and s.pool.startswith(POOL_PREFIX)})
+        if not pools or not instance.event_log_storage.supports_global_concurrency_limits:
+            yield from self._inner.execute(plan_context, execution_plan)
+            return
+        tags = {PROCESS_TAG: this_process(), EXPERIMENT_TAG: ",".join(p[len(POOL_PREFIX) :] for p in pools)}
+        instance.add_run_tags(run.run_id, tags)
+        for pool in pools:
+            ensure_limit(instance, pool)
+        stop, seen = threading.Event(), set()
+
+        def watch() -> None:  # until this run holds its pools' slots, or ends
+            while True:
+                try:
+                    for pool in pools:
+                        for message in look_at_holders(instance, pool, pool[len(POOL_PREFIX) :], run, seen):
+                            plan_context.log.info(message, extra=CONSOLE)  # the run's log, and the console
+                    infos = [instance.event_log_storage.get_concurrency_info(p) for p in pools]
+                    if all(run.run_id in i.active_run_ids for i in infos):
+                        return
+                except Exception as e:  # noqa: BLE001 - the watch is a help, never the run's failure
+                    plan_context.log.warning(f"could not look at the runs holding pool(s) {pools}: {e!r}")
+                if stop.wait(WATCH_EVERY_S):
+                    return
+
+        watcher = threading.Thread(target=watch, name="dagster-rl-pool-watch", daemon=True)
+        watcher.start()
+        try:
+            yield from self._inner.execute(plan_context, execution_plan)
+        finally:
+            stop.set()
+
+
+@executor(
+    name="multiprocess",
+    config_schema=multiprocess_executor.config_schema,
+    requirements=multiple_process_executor_requirements(),
+)
+def experiment_executor(init_context) -> ExperimentExecutor:
+    """Dagster's multiprocess executor (same config), for experiment runs: see `assets.concurrency`."""
+    return ExperimentExecutor(multiprocess_executor.executor_creation_fn(init_context))

@@ -1,0 +1,14 @@
+"""The `experiment_files` code location: it loads (empty) when every file in `experiments/` is
+valid, and otherwise fails with each invalid file's error, so that the Dagster UI shows the problem
+where it shows every code location problem, while the `dagster_rl` location serves the valid ones."""
+
+from dagster import Definitions
+
+from assets.experiments import problems, read
+from dagster_rl.errors import ExperimentError
+
+_files = read()
+if _files.errors:
+    raise ExperimentError(problems(_files))
+
+defs = Definitions()

@@ -1,0 +1,30 @@
+"""Where the code location reads its experiment files, and what it says about the invalid ones.
+
+One invalid file leaves every other experiment usable: the `dagster_rl` code location
+(`assets.definitions`) serves the valid ones and warns about the others; the `experiment_files`
+code location (`assets.experiment_errors`, in `workspace.yaml`) fails to load with every invalid
+file's error, which the Dagster UI shows as a code location problem; `dagster-rl` prints them too.
+"""
+
+import os
+from pathlib import Path
+
+from dagster_rl.experiment_files import ExperimentFiles, read_experiments
+
+DEFAULT_EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+
+
+def experiments_dir() -> Path:
+    """$DAGSTER_RL_EXPERIMENTS, or the project's `experiments/`."""
+    return Path(os.environ.get("DAGSTER_RL_EXPERIMENTS", DEFAULT_EXPERIMENTS))
+
+
+def read() -> ExperimentFiles:
+    return read_experiments(experiments_dir())
+
+
+def problems(files: ExperimentFiles) -> str:
+    """Every invalid file's error, one per line, and that the valid experiments are unaffected."""
+    n = len(files.errors)
+    head = f"{n} invalid experiment file{'s' if n > 1 else ''} (skipped; the valid experiments are unaffected):"
+    return "\n".join([head, *(f"  {message}" for message in files.errors.values())])

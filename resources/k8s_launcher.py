@@ -1,0 +1,194 @@
+"""The trainer's Kubernetes launcher: a `PodJob` (N pods running one command as a set) as an Indexed
+Job plus a headless Service, launched from the driver through Dagster Pipes, built on dagster-k8s.
+
+What comes from dagster-k8s: the Pipes client's configuration loading, context injection (env vars)
+and pod-log message reader (`PipesK8sClient`, `PipesK8sPodLogsMessageReader`: global rank 0, in pod
+0, reports through its logs), and the API client's Job helpers (`DagsterKubernetesClient`: creation
+with retries, waiting for a pod and for the Job's success while watching the Dagster run, deleting a
+Job with its pods). What a Job of N pods needs beyond them is here: the Service, finding pod 0,
+whole-set restarts, and cleanup of both objects on success, failure and run termination.
+"""
+
+import time
+from typing import Any
+
+import kubernetes
+from dagster import AssetExecutionContext, ConfigurableResource
+from dagster._core.pipes.client import PipesClientCompletedInvocation
+from dagster._core.pipes.utils import open_pipes_session
+from dagster_k8s import PipesK8sClient
+from dagster_k8s.client import DagsterK8sError, DagsterK8sJobStatusException, DagsterKubernetesClient
+from dagster_k8s.utils import detect_current_namespace
+from pydantic import Field
+
+from dagster_rl.errors import DagsterRLError
+from dagster_rl.k8s_manifests import INDEX_LABEL, JOB_LABEL, ClusterSettings, headless_service, indexed_job, job_name, owned_by
+from dagster_rl.pods import PodJob
+from resources.trainer_launcher import _lift_typed_output_requirement
+
+
+class PodJobFailed(DagsterRLError):
+    """Every attempt of a set of pods failed."""
+
+
+class PodJobTerminated(DagsterRLError):
+    """The Dagster run was terminated while its pods ran; they were deleted."""
+
+    retryable = False
+
+
+class PipesK8sJobLauncher(ConfigurableResource):
+    """Runs a trainer's set of pods on Kubernetes: an Indexed Job (completions = parallelism =
+    nodes, backoffLimit 0, activeDeadlineSeconds) and a headless Service for the rendezvous at pod 0,
+    created from the driver's step through Dagster Pipes. Pod 0's logs carry rank 0's Pipes
+    messages into the run. Any failed pod fails the attempt; the whole set is then deleted and
+    created again, up to the PodJob's `max_restarts` times. The Job and the Service are deleted on
+    success, failure and run termination (and a TTL and an owner reference on the Service remove
+    them if this process dies first).
+
+    `workdir` must be on storage that the driver and the pods mount at the same path
+    (`storage_claim` at `storage_mount_path`): the trainer writes each job's inputs there and reads
+    the checkpoint back.
+
+    Examples:
+        .. code-block:: python
+
+            from dagster import Definitions
+            from resources import PipesK8sJobLauncher, PipesTorchrunLauncher, TrainerEnvironment
+
+            k8s = PipesK8sJobLauncher(
+                image="registry.example.com/dagster-rl:1.0", service_account="dagster-rl-trainer",
+                storage_claim="dagster-rl-shared", storage_mount_path="/data", workdir="/data/trainer-jobs",
+            )
+            defs = Definitions(
+                assets=[...],
+                resources={"trainer": TrainerEnvironment(launcher=PipesTorchrunLauncher(), k8s=k8s, timeout_s=7200)},
+            )
+    """
+
+    image: str = Field(description="image of the trainer pods (torch, peft, transformers, this project)")
+    workdir: str = Field(description="a folder on the shared storage, the same path in the driver and the pods")
+    namespace: str = Field("", description="empty: the namespace this process runs in, else 'default'")
+    image_pull_policy: str = "IfNotPresent"
+    service_account: str = Field("", description="the pods' service account")
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    storage_claim: str = Field("", description="a PersistentVolumeClaim every pod mounts at storage_mount_path")
+    storage_mount_path: str = "/data"
+    labels: dict[str, str] = Field(default_factory=dict, description="added to the Job, its pods and the Service")
+    load_incluster_config: bool | None = Field(None, description="None: in-cluster when KUBERNETES_SERVICE_HOST is set")
+    kubeconfig_file: str | None = None
+    kube_context: str | None = None
+    poll_interval_s: float = Field(5.0, gt=0)
+    pod_start_timeout_s: float = Field(1800.0, gt=0, description="how long pod 0 may take to appear and start")
+    ttl_after_finished_s: int = Field(3600, ge=0)
+
+    # ---- what tests replace -------------------------------------------------------------------
+    def pipes_client(self) -> PipesK8sClient:
+        return PipesK8sClient(
+            load_incluster_config=self.load_incluster_config,
+            kubeconfig_file=self.kubeconfig_file,
+            kube_context=self.kube_context,
+            poll_interval=self.poll_interval_s,
+        )
+
+    def kubernetes_client(self, pipes: PipesK8sClient) -> DagsterKubernetesClient:
+        pipes._load_k8s_config()  # noqa: SLF001 - dagster-k8s's own config loading (in-cluster or kubeconfig)
+        return DagsterKubernetesClient.production_client()
+
+    # ---- the launch ---------------------------------------------------------------------------
+    def cluster(self) -> ClusterSettings:
+        return ClusterSettings(
+            namespace=self.namespace or detect_current_namespace(self.kubeconfig_file) or "default",
+            image=self.image,
+            image_pull_policy=self.image_pull_policy,
+            service_account=self.service_account,
+            image_pull_secrets=tuple(self.image_pull_secrets),
+            storage_claim=self.storage_claim,
+            storage_mount_path=self.storage_mount_path,
+            labels=dict(self.labels),
+            ttl_after_finished_s=self.ttl_after_finished_s,
+        )
+
+    def run(self, context: AssetExecutionContext | Any, job: PodJob) -> PipesClientCompletedInvocation:
+        """Run the set of pods to success (restarting the whole set up to `job.max_restarts` times)."""
+        pipes = self.pipes_client()
+        client = self.kubernetes_client(pipes)
+        cluster = self.cluster()
+        errors: list[str] = []
+        for attempt in range(job.max_restarts + 1):
+            name = job_name(job.name, context.run_id, attempt)
+            try:
+                invocation = self._attempt(context, pipes, client, cluster, job, name)
+            except DagsterK8sJobStatusException:
+                raise PodJobTerminated(f"the run stopped while Job {name} ran; its pods and Service were deleted") from None
+            except DagsterK8sError as e:
+                errors.append(f"attempt {attempt} (Job {name}): {e}")
+                context.log.warning(f"trainer Job {name} failed, {job.max_restarts - attempt} whole-set restart(s) left: {e}")
+                continue
+            for message in invocation.get_custom_messages():
+                context.log.info(f"trainer rank 0 reported: {message}")
+            _lift_typed_output_requirement(context)
+            return invocation
+        raise PodJobFailed(
+            f"the trainer's {job.nodes} pod(s) failed {len(errors)} time(s) ({job.max_restarts} restart(s) allowed):\n"
+            + "\n".join(e[-3000:] for e in errors)
+        )
+
+    def _attempt(self, context, pipes: PipesK8sClient, client: DagsterKubernetesClient, cluster: ClusterSettings, job: PodJob, name: str):
+        ns = cluster.namespace
+        with open_pipes_session(context=context, extras=None, context_injector=pipes.context_injector, message_reader=pipes.message_reader) as session:
+            body = indexed_job(job, cluster, name, extra_env=session.get_bootstrap_env_vars())
+            service = headless_service(job, cluster, name)
+            context.log.info(f"creating trainer Job {ns}/{name}: {job.nodes} pod(s), pod 0 at {name}-0.{name}")
+            try:
+                try:
+                    client.core_api.create_namespaced_service(ns, service)
+                    created = client.batch_api.create_namespaced_job(body=body, namespace=ns)
+                    uid = getattr(getattr(created, "metadata", None), "uid", None)
+                    if uid:
+                        client.core_api.patch_namespaced_service(name, ns, owned_by(body, uid))
+                except kubernetes.client.ApiException as e:
+                    raise DagsterRLError(
+                        f"cannot create the trainer's Job and Service {ns}/{name}: HTTP {e.status} {e.reason}: {str(e.body)[:500]}. "
+                        "The driver's service account needs create/get/list/delete on jobs, services and pods and get on "
+                        "pods/log in that namespace (deploy/k8s/rbac.yaml)."
+                    ) from None
+                pod0 = self._pod0(client, ns, name)
+                with pipes.consume_pod_logs(context=context, client=client, namespace=ns, pod_name=pod0):
+                    client.wait_for_job_success(
+                        name,
+                        ns,
+                        instance=context.instance,
+                        run_id=context.run_id,
+                        wait_timeout=job.active_deadline_s + self.pod_start_timeout_s,
+                        wait_time_between_attempts=self.poll_interval_s,
+                        num_pods_to_wait_for=job.nodes,
+                    )
+            finally:
+                self._cleanup(context, client, ns, name)
+        return PipesClientCompletedInvocation(session)
+
+    def _pod0(self, client: DagsterKubernetesClient, ns: str, name: str) -> str:
+        """The name of the Job's pod of completion index 0 (Kubernetes names it <job>-0-<random>)."""
+        deadline = time.monotonic() + self.pod_start_timeout_s
+        while True:
+            pods = client.core_api.list_namespaced_pod(namespace=ns, label_selector=f"{JOB_LABEL}={name},{INDEX_LABEL}=0").items
+            if pods:
+                return pods[0].metadata.name
+            status = client.get_job_status(name, ns)
+            if status is not None and status.failed:
+                raise DagsterK8sError(f"Job {name} failed before its pod 0 started: {status}")
+            if time.monotonic() > deadline:
+                raise DagsterK8sError(f"Job {name} has no pod 0 after {self.pod_start_timeout_s} s")
+            time.sleep(self.poll_interval_s)
+
+    def _cleanup(self, context, client: DagsterKubernetesClient, ns: str, name: str) -> None:
+        """Delete the Job with its pods, and the Service; never masks the error being raised."""
+        for what, delete in (("Job", lambda: client.delete_job(name, ns)), ("Service", lambda: client.core_api.delete_namespaced_service(name, ns))):
+            try:
+                delete()
+            except kubernetes.client.ApiException as e:
+                if e.status != 404:
+                    context.log.warning(f"could not delete trainer {what} {ns}/{name}: {e}; it expires by its TTL / owner")
+            except Exception as e:  # noqa: BLE001 - cleanup is best effort
+                context.log.warning(f"could not delete trainer {what} {ns}/{name}: {e!r}")

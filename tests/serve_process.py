@@ -1,0 +1,46 @@
+"""`dagster-rl serve` as the tests run it: a subprocess on 127.0.0.1 and a free port."""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from dagster_rl.vllm_client import VLLMClient
+from tests.servers import REPO, executable, free_port
+
+
+def serve_command(port: int, model: str = "builtin:tiny-qwen2") -> list[str]:
+    return [executable("dagster-rl"), "serve", "--model", model, "--host", "127.0.0.1", "--port", str(port)]
+
+
+class ServeProcess:
+    """with ServeProcess(log_dir) as server: server.base_url, server.client, server.log()"""
+
+    def __init__(self, log_dir: Path, model: str = "builtin:tiny-qwen2"):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.client = VLLMClient(self.base_url, timeout_s=30)
+        self.log_path = log_dir / f"serve-{self.port}.log"
+        self.command = serve_command(self.port, model)
+        self.proc: subprocess.Popen | None = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def __enter__(self) -> "ServeProcess":
+        with self.log_path.open("wb") as out:
+            self.proc = subprocess.Popen(self.command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy(), start_new_session=True)
+        deadline = time.monotonic() + 120
+        while not self.client.healthy():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError(f"dagster-rl serve did not come up:\n{self.log()[-3000:]}")
+            time.sleep(0.3)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(30)
+        self.proc = None

@@ -1,0 +1,229 @@
+"""Rollouts over vLLM's OpenAI-compatible API (`openai_server`) against `dagster-rl serve` on 127.0.0.1:
+the API's shapes, token-for-token equality with the `hf` engine through the driver, per-trial
+failures, a server the rollout environment starts and stops, and a crash + resume on a server that
+stays up."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from dagster_rl import counters
+from dagster_rl.http_json import EndpointError, request
+from dagster_rl.lm.experiment import LMExperiment
+from dagster_rl.lm.logprobs import completion_logprobs
+from dagster_rl.lm.loop import LMLoop
+from dagster_rl.lm.policy import load_base
+from dagster_rl.lm.prompts import load_prompt_set, prompts_for_step
+from dagster_rl.lm.records import LMRollout, plan_requests
+from dagster_rl.lm.rollout_server import ServerRollouts
+from dagster_rl.lm.sampling import generate
+from dagster_rl.lm.settings import SamplingSettings
+from dagster_rl.records import Rollouts, TrialFailed
+from dagster_rl.retries import Limits
+from dagster_rl.store import ArtifactStore
+from dagster_rl.task import Endpoint
+from resources import RolloutEnvironment
+from tests.conftest import shipped_settings
+from tests.harness import failure_message
+from tests.serve_process import ServeProcess, serve_command
+from tests.servers import free_port
+
+TINY = "builtin:tiny-qwen2"
+
+
+def tiny(**overrides) -> dict:
+    return shipped_settings("tiny_grpo", **overrides)
+
+
+def served(**overrides) -> dict:
+    return tiny(rollout={"backend": "openai_server"}, **overrides)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One `dagster-rl serve` kept up for the whole module."""
+    with ServeProcess(tmp_path_factory.mktemp("serve")) as s:
+        yield s
+
+
+def rollouts_of(lab, name: str, step: str) -> Rollouts[LMRollout]:
+    key = lab.latest(name, "rollouts", step)["artifact_key"]
+    return lab.store().get_model("rollouts", key, Rollouts[LMRollout])
+
+
+def post(server, path: str, body) -> tuple[int | None, object]:
+    try:
+        raw = request("POST", server.base_url + path, body, api_key=None, timeout_s=30, who="test")
+        return 200, raw.decode()
+    except EndpointError as e:
+        return e.status, json.loads(e.body)
+
+
+def test_the_server_speaks_vllms_api_and_samples_as_the_engine(server):
+    cards = server.client.models()
+    assert cards[0]["id"] == TINY and cards[0]["root"] == TINY and cards[0]["parent"] is None and cards[0]["object"] == "model"
+    prompt = [3, 9, 11, 4]
+    raw = json.loads(request("POST", server.base_url + "/completions", {
+        "model": TINY, "prompt": prompt, "max_tokens": 5, "temperature": 0.7, "top_p": 1.0, "seed": 1234,
+        "logprobs": 0, "return_tokens_as_token_ids": True,
+    }, api_key=None, timeout_s=30, who="test"))  # fmt: skip
+    assert raw["object"] == "text_completion" and raw["model"] == TINY and raw["id"].startswith("cmpl-")
+    choice = raw["choices"][0]
+    assert set(choice) >= {"index", "text", "logprobs", "finish_reason", "stop_reason"}
+    lp = choice["logprobs"]
+    assert set(lp) == {"text_offset", "token_logprobs", "tokens", "top_logprobs"}
+    assert all(re.fullmatch(r"token_id:\d+", t) for t in lp["tokens"])
+    assert [list(d) for d in lp["top_logprobs"]] == [[t] for t in lp["tokens"]]  # logprobs 0: the sampled token alone
+    assert raw["usage"] == {"prompt_tokens": 4, "completion_tokens": len(lp["tokens"]), "total_tokens": 4 + len(lp["tokens"])}
+
+    # the engine's own sampler and log-probabilities, for the same prompt and seed
+    model, tok = load_base(TINY)
+    sampling = SamplingSettings(temperature=0.7, top_p=1.0, max_new_tokens=5)
+    ours = generate(model.eval(), [prompt], [1234], sampling, tok.eos_token_id, tok.pad_token_id)[0]
+    via = server.client.complete_tokens(TINY, prompt, max_tokens=5, temperature=0.7, top_p=1.0, seed=1234)
+    assert via.token_ids == ours.completion_ids == [int(t.split(":")[1]) for t in lp["tokens"]]
+    with torch.inference_mode():
+        expected = completion_logprobs(model, prompt, ours.completion_ids, 0.7).tolist()
+    assert via.logprobs == pytest.approx(expected, abs=1e-6) and via.finish_reason == ours.finish_reason
+    other = server.client.complete_tokens(TINY, prompt, max_tokens=5, temperature=0.7, top_p=1.0, seed=99)
+    assert other.token_ids != via.token_ids  # the seed decides
+
+    # errors have vLLM's shape: {"error": {message, type, param, code}} with the HTTP status
+    status, body = post(server, "/completions", {"model": "nope", "prompt": prompt})
+    assert status == 404 and body["error"]["type"] == "NotFoundError" and body["error"]["param"] == "model" and body["error"]["code"] == 404
+    assert post(server, "/unload_lora_adapter", {"lora_name": "nope"})[0] == 404
+    assert post(server, "/load_lora_adapter", {"lora_name": "x", "lora_path": "/no/such/folder"})[0] == 404
+    assert post(server, "/completions", {"model": TINY, "prompt": prompt, "stream": True})[0] == 400
+
+
+def _exp(**overrides) -> LMExperiment:
+    return LMExperiment.model_validate(served(**overrides))
+
+
+def test_the_backend_returns_the_hf_engines_rollouts_and_fails_trial_by_trial(server, tmp_path):
+    from dagster_rl.lm.backends import HFRollouts
+
+    exp = _exp(sampling={"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 3})
+    store = ArtifactStore(f"file://{tmp_path}/artifacts")
+    behavior = LMLoop().initial_weights(exp, store)
+    prompts = load_prompt_set(exp.task.source)
+    requests = plan_requests(prompts_for_step(prompts.train, exp.seed, 0, 4), exp.seed, 0, 4)
+    backend = ServerRollouts(Endpoint(server.base_url), Limits(max_retries=0, timeout_s=30, max_concurrency=4))
+    via = backend.generate(exp, requests, behavior, prompts.template)
+    ref = HFRollouts().generate(exp, requests, behavior, prompts.template)
+    assert [r.trial_id for r in via] == [r.trial_id for r in requests]
+    for a, b in zip(via, ref):
+        assert isinstance(a, LMRollout) and isinstance(b, LMRollout)
+        assert a.model_dump(exclude={"sampling_logprobs"}) == b.model_dump(exclude={"sampling_logprobs"})
+        assert a.sampling_logprobs == pytest.approx(b.sampling_logprobs, abs=1e-6)
+    assert any(len(r.completion_token_ids) > 1 for r in via)
+    # the behavior weights are served as <exp>-v<version>, read from their artifact folder
+    cards = {c["id"]: c for c in server.client.models()}
+    assert cards["tiny_grpo-v0"]["root"] == f"{tmp_path}/artifacts/weights/{behavior.ref.key}"
+
+    # a trial slower than the environment's time limit fails on its own, as a TrialFailed per trial
+    slow = ServerRollouts(Endpoint(server.base_url), Limits(max_retries=1, timeout_s=0.001, max_concurrency=4))
+    failed = slow.generate(exp, requests[:3], behavior, prompts.template)
+    assert [type(f) for f in failed] == [TrialFailed] * 3
+    assert all("did not answer within 0.001 s" in f.error or "longer than" in f.error for f in failed), failed
+
+
+def test_tiny_grpo_through_a_managed_server_matches_the_hf_engine_token_for_token(lab, tmp_path):
+    steps = ("0000", "0001")
+    hf = lab("hf", tiny())
+    assert hf.run("tiny_grpo", *steps).success
+    port = free_port()
+    managed = RolloutEnvironment(base_url=f"http://127.0.0.1:{port}/v1", server_command=serve_command(port), max_concurrency=8)
+    via = lab("served", served(), rollout=managed)
+    result = via.run("tiny_grpo", *steps)
+    assert result.success, failure_message(result)
+    with pytest.raises(EndpointError):  # the environment stopped the server it started at the end of the run
+        request("GET", f"http://127.0.0.1:{port}/health", None, api_key=None, timeout_s=2, who="test")
+
+    # Step 0000: both runs sample with the initial weights. Step 0001: each run samples with its own
+    # step-0 weights, which agree to float rounding only (the server batches what arrives together,
+    # and Adam turns rounding-sized gradient differences into lr-sized moves), so the served step is
+    # compared with the hf engine sampling with the served run's own behavior weights.
+    for step in ("0000", "0001"):
+        ours = rollouts_of(via, "tiny_grpo", step)
+        theirs = rollouts_of(hf, "tiny_grpo", step).trajectories if step == "0000" else hf_rollouts_of(via, ours)
+        assert len(ours.trajectories) == len(theirs) == 64 and not ours.skipped
+        for a, b in zip(ours.trajectories, theirs):
+            assert (a.trial_id, a.prompt_token_ids, a.completion_token_ids, a.behavior_version) == (
+                b.trial_id, b.prompt_token_ids, b.completion_token_ids, b.behavior_version,
+            )  # fmt: skip
+            assert a.sampling_logprobs == pytest.approx(b.sampling_logprobs, abs=1e-5)
+        # the engine is part of the rollouts' key: these are two artifacts, not one cache hit
+        assert via.latest("tiny_grpo", "rollouts", step)["artifact_key"] != hf.latest("tiny_grpo", "rollouts", step)["artifact_key"]
+        assert via.latest("tiny_grpo", "weights", step)["ratio"] == pytest.approx(1.0, abs=1e-6)
+    assert via.latest("tiny_grpo", "weights", "0000")["mean_reward"] == hf.latest("tiny_grpo", "weights", "0000")["mean_reward"]
+
+
+def hf_rollouts_of(lab, rollouts: Rollouts[LMRollout]) -> list[LMRollout]:
+    """The hf engine's rollouts of the same requests, sampled with the same behavior weights."""
+    from dagster_rl.lm.backends import HFRollouts
+
+    exp = lab.experiments["tiny_grpo"]
+    prompts = load_prompt_set(exp.task.source)
+    requests = plan_requests(prompts_for_step(prompts.train, exp.seed, rollouts.step, exp.prompts_per_step), exp.seed, rollouts.step, exp.n_samples)
+    behavior = LMLoop().load_weights(exp, lab.store(), str(rollouts.behavior_policy["partition"]), str(rollouts.behavior_policy["key"]))
+    return sorted(HFRollouts().generate(exp, requests, behavior, prompts.template), key=lambda r: r.trial_id)
+
+
+def test_a_crash_mid_range_resumes_with_the_behavior_version_on_the_server_that_stayed_up(lab, server):
+    env = lambda: RolloutEnvironment(base_url=server.base_url, max_concurrency=8)  # noqa: E731
+    steps = ("0000", "0001", "0002")
+    before = counters.read("trials_executed")
+    clean = lab("clean", served(faults={"flaky_trial_rate": 0.3}), rollout=env())
+    assert clean.run("tiny_grpo", steps[0], steps[-1]).success
+    assert 3 * 64 * 1.15 < counters.read("trials_executed") - before < 3 * 64 * 1.5  # flaky trials retried one by one
+    assert all(clean.latest("tiny_grpo", "weights", s)["n_trials"] == 64 for s in steps)
+
+    crashy = lab("crashy", served(faults={"crash_driver_at_step": 0}), rollout=env())
+    log_before_crash = len(server.log())
+    assert not crashy.run("tiny_grpo", steps[0], steps[-1], raise_on_error=False).success
+    assert sorted(crashy.metadata("tiny_grpo", "weights")) == ["0000"]
+    log_before_resume = len(server.log())
+    assert crashy.run("tiny_grpo", "0001", "0002").success  # resume, on the server that stayed up
+
+    # every adapter the crashed and the resumed run loaded is the behavior policy's own version, from
+    # this run's store; the resumed run never went back to v0. (Step 0001's rollouts may have been
+    # generated by the crashed run, which generates a step ahead, and are then a cache hit.)
+    pattern = r"Loaded new LoRA adapter: name '([^']+)', path '([^']+)'"
+    loads = re.findall(pattern, server.log()[log_before_crash:])
+    resumed = re.findall(pattern, server.log()[log_before_resume:])
+    weights_dir = f"{crashy.home}/artifacts/weights/"
+    key = {s: crashy.latest("tiny_grpo", "weights", s)["artifact_key"] for s in steps}
+    assert ("tiny_grpo-v1", weights_dir + key["0000"]) in loads
+    # v2 was loaded by the clean run from its own store: same name, other path, so it was replaced
+    assert ("tiny_grpo-v2", weights_dir + key["0001"]) in resumed
+    assert {name for name, _ in resumed} <= {"tiny_grpo-v1", "tiny_grpo-v2"}
+    assert all(path.startswith(weights_dir) for _, path in loads)
+    assert [crashy.latest("tiny_grpo", "rollouts", s)["behavior_policy"]["version"] for s in ("0001", "0002")] == [1, 2]
+    assert [crashy.latest("tiny_grpo", "weights", s)["weights_version"] for s in ("0001", "0002")] == [2, 3]
+    served_now = {c["id"]: c["root"] for c in server.client.models() if c["parent"]}
+    assert served_now == {"tiny_grpo-v2": weights_dir + key["0001"]}  # older versions unloaded
+    # The server batches whatever requests arrive together, so log-probs agree with the clean run's to
+    # float rounding, not bit for bit (README, numerics). Step 0000 samples the initial weights in
+    # both runs: the same tokens, the update to float rounding. Later steps sample each run's own
+    # weights, which Adam moved by up to the learning rate where a gradient was rounding-sized: a
+    # token may flip where a uniform falls that close to a boundary, so they agree in numbers only.
+    for step in steps:
+        ours, theirs = crashy.latest("tiny_grpo", "weights", step), clean.latest("tiny_grpo", "weights", step)
+        if step == "0000":
+            same = [t.completion_token_ids for t in rollouts_of(crashy, "tiny_grpo", step).trajectories]
+            assert same == [t.completion_token_ids for t in rollouts_of(clean, "tiny_grpo", step).trajectories]
+            assert ours["mean_reward"] == theirs["mean_reward"]
+        assert ours["mean_reward"] == pytest.approx(theirs["mean_reward"], abs=0.05), step
+        for name in ("loss", "ratio", "kl", "grad_norm"):
+            rel = 1e-4 if step == "0000" else 5e-2
+            assert ours[name] == pytest.approx(theirs[name], rel=rel, abs=1e-6), (step, name)
+
+
+def test_a_server_of_another_base_model_is_refused_with_what_to_do(server, tmp_path):
+    exp = _exp(policy={"base_model": "/models/Qwen2.5-0.5B-Instruct"})
+    backend = ServerRollouts(Endpoint(server.base_url))
+    with pytest.raises(Exception, match="serves builtin:tiny-qwen2 .*not /models/Qwen2.5-0.5B-Instruct.*vllm serve"):
+        backend._check_base(exp, server.client.models())

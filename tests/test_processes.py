@@ -1,0 +1,144 @@
+"""Runs as processes, the way a person at a terminal runs them (findings 2, 3 and 8 of issue 10).
+
+`make demo` prints a line per step and the table; a SIGKILLed `dagster asset materialize` takes
+its step process with it, and the next run of the experiment marks the dead run failed and says
+so; a second run of an experiment waits for the first (the experiment's concurrency pool) and
+then finds every step done. While a step runs, its progress reaches the run's log.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus
+
+from assets.concurrency import experiment_pool
+from resources import JudgeEnvironment
+from resources.run_launcher import process_alive, step_worker_pids
+from tests.conftest import REPO, demo_settings, new_dagster_home, write_experiments
+from tests.openai_stub import OpenAIStub
+from tests.servers import wait_until
+
+BIN = Path(sys.executable).parent
+QUIET = {"PYTHONWARNINGS": "ignore::FutureWarning,ignore:Parameter `include_sources`"}
+CONSOLE = '{"loggers": {"console": {"config": {"log_level": "INFO"}}}}'
+STEP_LINE = re.compile(r"^\d\d:\d\d:\d\d step (\d{4})  24/24 trials  mean reward \d\.\d{3}  cache ([a-z, ]+)  \d+\.\d\d s$")
+
+
+def home_with(tmp_path: Path, *raws: dict) -> tuple[Path, dict[str, str]]:
+    home = new_dagster_home(tmp_path / "home")
+    write_experiments(home / "experiments", *raws)
+    DagsterInstance.from_config(str(home)).dispose()  # the schema, before two processes open it at once
+    env = {**os.environ, **QUIET, "DAGSTER_HOME": str(home), "DAGSTER_RL_EXPERIMENTS": str(home / "experiments")}
+    return home, env
+
+
+def materialize(env: dict[str, str], exp: str, first: str, last: str) -> subprocess.Popen:
+    argv = [str(BIN / "dagster"), "asset", "materialize", "-m", "assets.definitions", "--select", f"group:{exp}"]
+    argv += ["--partition-range", f"{first}...{last}", "--config-json", CONSOLE]
+    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def weights_steps(home: Path, exp: str) -> list[tuple[str, str]]:
+    """(partition, run id) of every materialization of `<exp>/weights`, oldest first."""
+    with DagsterInstance.from_config(str(home)) as instance:
+        records = instance.fetch_materializations(AssetKey([exp, "weights"]), limit=1000, ascending=True).records
+        return [(r.asset_materialization.partition, r.run_id) for r in records]
+
+
+def test_make_demo_prints_a_line_per_step_and_the_table(tmp_path):
+    home = tmp_path / "demo_home"
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    env.pop("DAGSTER_RL_EXPERIMENTS", None)
+    done = subprocess.run(["make", "demo", "DEMO_RANGE=0000...0002"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if not line.startswith(("make", "mkdir", "cp ", "/"))]
+    steps = [m.groups() for line in lines if (m := STEP_LINE.match(line))]
+    assert steps == [("0000", "miss"), ("0001", "miss"), ("0002", "miss")], lines
+    assert "experiment demo: 3 of 16 steps materialized" in done.stdout
+    assert re.search(r"^0002  materialized  miss   24/24   1\.715 ", done.stdout, re.M), done.stdout
+    assert not any("DEBUG" in line or "did not yield" in line for line in lines), lines
+    assert len(lines) < 25, lines  # migrate's notices, 3 step lines, the table
+    with DagsterInstance.from_config(str(home)) as instance:  # the full log stays in the run
+        run = instance.get_runs()[0]
+        kinds = [e.dagster_event.event_type_value for e in instance.all_logs(run.run_id) if e.dagster_event]
+    assert kinds.count("ASSET_MATERIALIZATION") == 9 and "STEP_START" in kinds and kinds.count("ASSET_CHECK_EVALUATION") == 9
+
+
+def test_a_killed_materialize_takes_its_step_process_along_and_the_next_run_fails_it(tmp_path):
+    slow = demo_settings(name="slow", n_steps=12, faults={"step_delay_s": 1.5})
+    home, env = home_with(tmp_path, slow)
+    first = materialize(env, "slow", "0000", "0011")
+    wait_until(lambda: len(weights_steps(home, "slow")) >= 1, 180, 0.3)
+    with DagsterInstance.from_config(str(home)) as instance:
+        run = instance.get_runs()[0]
+        [step_process] = step_worker_pids(instance, run.run_id)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(10)
+    wait_until(lambda: not process_alive(step_process), 10, 0.1, lambda: f"step process {step_process} outlived its parent")
+    done = len(weights_steps(home, "slow"))
+    time.sleep(4)  # more than two steps' time: nothing trains on
+    assert len(weights_steps(home, "slow")) == done < 12
+    with DagsterInstance.from_config(str(home)) as instance:
+        assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.STARTED  # nobody was left to say otherwise
+        assert instance.event_log_storage.get_concurrency_info(experiment_pool("slow")).active_run_ids == {run.run_id}
+
+    second = materialize(env, "slow", "0000", "0002")
+    out, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, out
+    assert f"Run {run.run_id} of experiment slow was left started by its process {first.pid} on " in out
+    assert "which is gone: marked it failed" in out and "freed its slot of pool dagster_rl/slow" in out
+    with DagsterInstance.from_config(str(home)) as instance:
+        dead = instance.get_run_by_id(run.run_id)
+        assert dead.status == DagsterRunStatus.FAILURE
+        failure = [e.dagster_event.message for e in instance.all_logs(run.run_id, of_type=DagsterEventType.RUN_FAILURE)]
+        assert failure and f"its process {first.pid} on" in failure[-1] and "is gone" in failure[-1]
+    assert [m.group(1) for line in out.splitlines() if (m := STEP_LINE.match(line))] == ["0000", "0001", "0002"], out
+
+
+def test_a_second_run_of_an_experiment_waits_for_the_first_and_computes_nothing(tmp_path):
+    """Two `dagster asset materialize` of one range, started two seconds apart: whichever claims the
+    experiment's pool first computes; the other says which run it waits for, then finds every step done."""
+    slow = demo_settings(name="slow", n_steps=8, faults={"step_delay_s": 1.5})  # about 14 s of steps
+    home, env = home_with(tmp_path, slow)
+    procs = [materialize(env, "slow", "0000", "0007")]
+    time.sleep(2)
+    procs.append(materialize(env, "slow", "0000", "0007"))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    records = weights_steps(home, "slow")
+    runs = list(dict.fromkeys(r for _, r in records))
+    steps = [f"{i:04d}" for i in range(8)]
+    assert len(runs) == 2 and [p for p, r in records if r == runs[0]] == steps and [p for p, r in records if r == runs[1]] == steps
+    assert records.index(("0000", runs[1])) > records.index(("0007", runs[0])), "the second run started after the first ended"
+    waited = [out for out in outs if f"Run {runs[0]} of experiment slow (started " in out and "is running: this run waits for it" in out]
+    computed = [out for out in outs if out not in waited]
+    assert len(waited) == len(computed) == 1, outs
+    assert [m.group(2) for line in waited[0].splitlines() if (m := STEP_LINE.match(line))] == ["hit"] * 8
+    assert [m.group(2) for line in computed[0].splitlines() if (m := STEP_LINE.match(line))] == ["miss"] * 8
+
+
+def test_a_long_step_reports_its_progress_in_the_run_log(lab, monkeypatch):
+    """A slow judge (0.25 s a call, one at a time) makes step 0000 last about 4 s: the run's log shows
+    its progress every 0.5 s here (every 30 s by default), trials judged climbing."""
+    import assets.driver
+
+    assert assets.driver.PROGRESS_EVERY_S <= 30
+    monkeypatch.setattr(assets.driver, "PROGRESS_EVERY_S", 0.5)
+    with OpenAIStub(delay_s=0.25) as stub:
+        judge = lambda store: JudgeEnvironment(  # noqa: E731
+            artifact_store=store, backend="openai", base_url=stub.base_url, model="slow-judge", max_concurrency=1
+        )
+        slow = lab("progress", demo_settings(n_steps=2, prompts_per_step=4, n_samples=4, min_trials_per_step=8), judge=judge)
+        result = slow.run("demo", "0000", "0000")
+    assert result.success
+    lines = [e.message for e in slow.instance.all_logs(result.run_id) if e.message.startswith("step 0000: ")]
+    assert len(lines) >= 4, lines
+    judged = [int(re.search(r", (\d+)/16 judged;", line).group(1)) for line in lines]
+    assert judged == sorted(judged) and judged[0] < 16 and all(re.search(r"\d+/16 trials generated", line) for line in lines)
+    assert all(re.search(r"; (generating|judging|training), \d+ s into the step$", line) for line in lines), lines
