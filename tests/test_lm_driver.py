@@ -39,9 +39,11 @@ def test_every_step_materializes_all_four_assets_in_order(on_policy):
 def test_mean_reward_rises_and_steps_are_on_policy_within_rounding(on_policy):
     md = [on_policy.latest("tiny_grpo", "weights", s) for s in STEPS]
     rewards = [m["mean_reward"] for m in md]
-    # measured (the same on every run of this CPU): MEASURE
-    assert rewards[0] == pytest.approx(0.0, abs=1e-3)
-    assert fmean(rewards[-3:]) > fmean(rewards[:3]) + 0.08, rewards
+    # measured (the same on every run of this CPU): 0.600 0.769 0.600 0.819 0.567 0.770 0.677 0.609 0.770 0.756;
+    # sampled accuracy 0.50 0.67 0.50 0.72 0.47 0.67 0.58 0.52 0.67 0.66 (8 prompts a step: noisy; the
+    # held-out test below is where the learning shows)
+    assert rewards[0] == pytest.approx(0.600, abs=1e-3)
+    assert fmean(rewards[-5:]) > fmean(rewards[:5]) + 0.03, rewards
     # step 0 samples with the warm-up's adapter and trains from it; the KL term's reference is the
     # base (kl_reference: base), which the warm-up has moved away from
     assert md[0]["kl"] > 0.5
@@ -55,7 +57,7 @@ def test_heldout_greedy_accuracy_rises_above_the_warm_started_base(on_policy):
     """GRPO generalizes: greedy accuracy on 100 prompts no step trains on rises above the warm-up's."""
     sft = on_policy.latest("tiny_grpo", "sft", None)
     evals = [on_policy.latest("tiny_grpo", "evaluation", s) for s in STEPS]
-    # measured: base 0.0, warm-up 0.51; steps 0..9: 0.72 0.83 0.81 0.78 0.82 0.83 0.84 0.86 0.89 0.87
+    # measured: base 0.0, warm-up 0.51; steps 0..9: 0.76 0.78 0.75 0.75 0.77 0.80 0.81 0.87 0.92 0.94
     assert sft["base_accuracy"] == 0.0 and sft["accuracy"] >= 0.3  # the warm-up can do the task a little
     assert all(e["start_accuracy"] == sft["accuracy"] and e["n_prompts"] == 100 for e in evals)
     accuracy = [e["accuracy"] for e in evals]
@@ -124,8 +126,11 @@ def test_torchrun_trainer_through_pipes_matches_the_in_process_trainer(lab, on_p
     assert ours["mean_reward"] == single["mean_reward"]
     for name in ("ratio", "kl", "grad_norm", "samples_used"):
         assert ours[name] == pytest.approx(single[name], rel=1e-6, abs=1e-9), name
-    # on-policy the loss is sum_i A_i r_i with sum_i A_i = 0 per group: rounding of the ratios around 1 alone
-    assert abs(ours["loss"]) < 1e-6 and abs(single["loss"]) < 1e-6
+    # on-policy the policy term is sum_i A_i r_i with sum_i A_i = 0 per group (rounding of the ratios
+    # around 1 alone); what is left is the KL term, beta x KL to the base (the warm-up moved away from it)
+    beta = on_policy.experiments["tiny_grpo"].grpo.kl_beta
+    assert beta > 0 and ours["kl"] > 0.5
+    assert abs(ours["loss"] - beta * ours["kl"]) < 1e-6 and abs(single["loss"] - beta * single["kl"]) < 1e-6
     assert ours["ratio_max_dev"] < 1e-5 and single["ratio_max_dev"] < 1e-5
     # the world size is an input of the weights' key: the two runs never share a weights artifact
     assert two.latest("ddp", "weights", "0000")["artifact_key"] != on_policy.latest("tiny_grpo", "weights", "0000")["artifact_key"]

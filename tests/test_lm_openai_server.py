@@ -117,7 +117,8 @@ def test_the_backend_returns_the_hf_engines_rollouts_and_fails_trial_by_trial(se
     for a, b in zip(via, ref):
         assert isinstance(a, LMRollout) and isinstance(b, LMRollout)
         assert a.model_dump(exclude={"sampling_logprobs"}) == b.model_dump(exclude={"sampling_logprobs"})
-        assert a.sampling_logprobs == pytest.approx(b.sampling_logprobs, abs=1e-6)
+        # the server batches the requests its own way: log-probs agree to float rounding
+        assert a.sampling_logprobs == pytest.approx(b.sampling_logprobs, abs=1e-5)
     assert any(len(r.completion_token_ids) > 1 for r in via)
     # the behavior weights are served as <exp>-v<version>, read from their artifact folder
     cards = {c["id"]: c for c in server.client.models()}
