@@ -178,12 +178,14 @@ def build_warmup(exp: Experiment):
         return None
 
     def warmup(context: AssetExecutionContext, artifact_store: ArtifactStoreResource) -> MaterializeResult:
+        die_with_parent()  # as the driver's step process
         try:
             result = spec.run(exp, artifact_store.get_store(warn=context.log.warning))
         except DagsterRLError as e:
             _no_retry_unless_retryable(context, e)
             raise
-        context.log.info(f"{exp.name}/{spec.name}: cache {result.cache}, " + ", ".join(f"{k}={v}" for k, v in result.metadata.items()))
+        values = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in result.metadata.items())
+        context.log.info(f"{exp.name}/{spec.name}  cache {result.cache}  {values}", extra=CONSOLE)
         return MaterializeResult(metadata=warmup_metadata(exp, result))
 
     with warnings.catch_warnings():  # an unpartitioned asset's backfill policy is a beta parameter of dagster 1.13: known, wanted
@@ -192,6 +194,7 @@ def build_warmup(exp: Experiment):
             key=warmup_key(exp),
             group_name=exp.name,
             backfill_policy=BackfillPolicy.single_run(),  # lets a --partition-range of the group include it
+            pool=experiment_pool(exp.name),  # the driver's pool: a second run of the experiment waits here too
             description=spec.description,
             metadata={"experiment": exp.name, "fork_of": exp.fork_of or ""},
         )(warmup)

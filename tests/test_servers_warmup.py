@@ -48,7 +48,7 @@ def test_cli_materialize_of_the_group_then_job_launch_include_the_warmup(servers
     assert sft.run_id == rollouts[0].run_id and sft.storage_id < rollouts[0].storage_id  # one run, the warm-up first
 
     tags = {"dagster/asset_partition_range_start": "0002", "dagster/asset_partition_range_end": "0003"}
-    servers.cli("job", "launch", "-w", str(servers.workspace), "-j", f"{exp}_train", "--tags", json.dumps(tags))
+    servers.cli("job", "launch", "-w", str(servers.workspace), "-l", "dagster_rl", "-j", f"{exp}_train", "--tags", json.dumps(tags))
     [run] = servers.graphql.wait_for_runs(job_name=f"{exp}_train", count=1, timeout_s=300)
     assert run["status"] == "SUCCESS", servers.log("daemon")[-3000:]
     sfts = records(servers, exp, "sft")

@@ -13,6 +13,7 @@ The initial policy (version 0, no checkpoint) equals the base: LoRA B starts at 
 """
 
 import json
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -145,7 +146,9 @@ def attach_lora(model: torch.nn.Module, lora: LoRASettings) -> PeftModel:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(lora.init_seed)
         try:
-            return get_peft_model(model, config)
+            with warnings.catch_warnings():  # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing`
+                warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+                return get_peft_model(model, config)
         except ValueError as e:
             raise DagsterRLError(f"cannot attach LoRA to this model: {e}. Check lora.target_modules.") from None
 
