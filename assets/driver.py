@@ -184,8 +184,7 @@ def build_warmup(exp: Experiment):
         except DagsterRLError as e:
             _no_retry_unless_retryable(context, e)
             raise
-        values = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in result.metadata.items())
-        context.log.info(f"{exp.name}/{spec.name}  cache {result.cache}  {values}", extra=CONSOLE)
+        context.log.info(f"{exp.name}/{spec.name}  cache {result.cache}  {numbers_line(result.metadata)}", extra=CONSOLE)
         return MaterializeResult(metadata=warmup_metadata(exp, result))
 
     with warnings.catch_warnings():  # an unpartitioned asset's backfill policy is a beta parameter of dagster 1.13: known, wanted
@@ -287,6 +286,9 @@ def _drive(
         for result in loop.iter_steps(exp, steps, start, store, backends, context.log.warning):
             if isinstance(result, StepAsset):
                 if AssetKey([exp.name, result.asset]) in context.selected_asset_keys:
+                    context.log.info(
+                        f"step {step_key(result.step)}  {result.asset}  cache {result.cache}  {numbers_line(result.metadata)}", extra=CONSOLE
+                    )
                     yield _step_asset_materialization(exp, result, info)
                 continue
             step = result.step
@@ -336,6 +338,11 @@ def progress_line(result: StepResult, seconds: float) -> str:
         f"step {step_key(result.step)}  {result.n_trials}/{result.n_trials_planned} trials  mean reward "
         f"{result.mean_reward:.3f}  cache {cache}  {seconds:.2f} s{tail}"
     )
+
+
+def numbers_line(values: dict[str, float | int | str]) -> str:
+    """`accuracy 0.76  base_accuracy 0  n_prompts 100`: an asset's numbers on one console line."""
+    return "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in values.items())
 
 
 @contextmanager
