@@ -82,6 +82,10 @@ def _checkpoint(files: dict[str, bytes]) -> Checkpoint:
     return {k: v for k, v in files.items() if k in CHECKPOINT_FILES}
 
 
+def _sft_weights(files: dict[str, bytes], ref: ArtifactRef) -> Weights[Checkpoint]:
+    return Weights("sft", ref, _checkpoint(files), read_state(files)["version"])
+
+
 def adapter_finite(checkpoint: Checkpoint) -> CheckOutcome:
     """The `weights_finite` check of a step's checkpoint: every adapter tensor holds finite numbers."""
     tensors = load_safetensors(checkpoint[ADAPTER])
@@ -103,7 +107,7 @@ class LMLoop:
 
     def warmup_weights(self, exp: Exp, store: ArtifactStore) -> Weights[Checkpoint]:
         files, ref, _ = self._warmup(exp, store)
-        return Weights("sft", ref, _checkpoint(files), read_state(files)["version"])
+        return _sft_weights(files, ref)
 
     def _warmup(self, exp: Exp, store: ArtifactStore) -> tuple[dict[str, bytes], ArtifactRef, bool]:
         """The supervised warm-up's adapter (and its `WarmupStats`), computed once per content key."""
@@ -129,7 +133,7 @@ class LMLoop:
         files, ref, hit = self._warmup(exp, store)
         stats = WarmupStats.model_validate_json(files[WARMUP])
         prompts = load_prompt_set(exp.task.source)
-        sft, _, _ = self._evaluation(exp, self.warmup_weights(exp, store), prompts, store)
+        sft, _, _ = self._evaluation(exp, _sft_weights(files, ref), prompts, store)
         base, _, _ = self._evaluation(exp, self.base_weights(exp, store), prompts, store)
         return WarmupResult(
             cache="hit" if hit else "miss",
