@@ -178,3 +178,23 @@ def test_a_trial_that_fails_after_its_retries_is_skipped_not_the_step(lab):
     md = flaky.latest("tiny_grpo", "weights", "0000")
     assert 32 < md["n_trials"] < 64 and md["skipped_trials"] == 64 - md["n_trials"], md
     assert md["n_trials_planned"] == 64 and md["samples_used"] == md["n_trials"]
+
+
+def test_kl_to_the_warm_up_through_the_in_process_trainer_that_keeps_its_policy_loaded(lab):
+    """`kl_reference: sft`: the warm-up's adapter is the KL term's reference. The in-process trainer
+    keeps one policy loaded across steps, with the reference as a frozen second adapter beside the
+    trained one: step 0 trains from the reference itself (KL 0), later steps move away from it, and
+    a trainer that loads the policy afresh each step (torchrun) makes the same updates."""
+    settings = tiny(name="sftref", n_steps=3, prompts_per_step=4, n_samples=4, min_trials_per_step=8, grpo={"kl_reference": "sft"})
+    kept = lab("sftref", settings)
+    assert kept.run("sftref", "0000", "0002").success
+    md = [kept.latest("sftref", "weights", s) for s in ("0000", "0001", "0002")]
+    assert md[0]["kl"] < 1e-6 and md[1]["kl"] > 1e-4 and md[2]["kl"] > 1e-4, [m["kl"] for m in md]
+    assert all(m["ratio_max_dev"] < 1e-5 for m in md)
+
+    fresh = lab("sftref_torchrun", {**settings, "trainer": {"backend": "torchrun", "nproc_per_node": 1}})
+    assert fresh.run("sftref", "0000", "0001").success
+    for step in ("0000", "0001"):
+        a, b = fresh.latest("sftref", "weights", step), kept.latest("sftref", "weights", step)
+        for name in ("kl", "ratio", "grad_norm"):
+            assert a[name] == pytest.approx(b[name], rel=1e-5, abs=1e-7), (step, name)
