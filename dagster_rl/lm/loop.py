@@ -82,8 +82,10 @@ def _checkpoint(files: dict[str, bytes]) -> Checkpoint:
     return {k: v for k, v in files.items() if k in CHECKPOINT_FILES}
 
 
-def _sft_weights(files: dict[str, bytes], ref: ArtifactRef) -> Weights[Checkpoint]:
-    return Weights("sft", ref, _checkpoint(files), read_state(files)["version"])
+def _stored_weights(partition: str, ref: ArtifactRef, files: dict[str, bytes]) -> Weights[Checkpoint]:
+    """Weights read from the store: the checkpoint's files, its version from its state."""
+    checkpoint = _checkpoint(files)
+    return Weights(partition, ref, checkpoint, read_state(checkpoint)["version"])
 
 
 def adapter_finite(checkpoint: Checkpoint) -> CheckOutcome:
@@ -103,11 +105,11 @@ class LMLoop:
         """A fresh adapter (LoRA B = 0: the base model), the same in every run."""
         key = cache_key("weights", CODE_VERSIONS["initial"], policy=exp.policy)
         files, ref, _ = store.get_or_put_files("weights", key, lambda: checkpoint_bytes(load_policy(exp.policy), None))
-        return Weights("initial", ref, files, read_state(files)["version"])
+        return _stored_weights("initial", ref, files)
 
     def warmup_weights(self, exp: Exp, store: ArtifactStore) -> Weights[Checkpoint]:
         files, ref, _ = self._warmup(exp, store)
-        return _sft_weights(files, ref)
+        return _stored_weights("sft", ref, files)
 
     def _warmup(self, exp: Exp, store: ArtifactStore) -> tuple[dict[str, bytes], ArtifactRef, bool]:
         """The supervised warm-up's adapter (and its `WarmupStats`), computed once per content key."""
@@ -133,7 +135,7 @@ class LMLoop:
         files, ref, hit = self._warmup(exp, store)
         stats = WarmupStats.model_validate_json(files[WARMUP])
         prompts = load_prompt_set(exp.task.source)
-        sft, _, _ = self._evaluation(exp, _sft_weights(files, ref), prompts, store)
+        sft, _, _ = self._evaluation(exp, _stored_weights("sft", ref, files), prompts, store)
         base, _, _ = self._evaluation(exp, self.base_weights(exp, store), prompts, store)
         return WarmupResult(
             cache="hit" if hit else "miss",
@@ -153,8 +155,7 @@ class LMLoop:
         )
 
     def load_weights(self, exp: Exp, store: ArtifactStore, partition: str, key: str) -> Weights[Checkpoint]:
-        files = _checkpoint(store.get_all("weights", key))
-        return Weights(partition, store.ref("weights", key), files, read_state(files)["version"])
+        return _stored_weights(partition, store.ref("weights", key), store.get_all("weights", key))
 
     def _trained_from(self, exp: Exp, store: ArtifactStore, weights: Weights[Checkpoint], step: int) -> Weights[Checkpoint]:
         """The weights that step `step + 1`'s weights (`weights`) were trained from: the behavior
