@@ -390,7 +390,7 @@ class FakeKubernetes:
     def _follow(self, pod: FakePod, timestamps: bool):
         sent = 0
         while True:
-            finished = pod.done.is_set() and pod.index not in self.stalled_logs
+            finished = (pod.done.is_set() and pod.index not in self.stalled_logs) or self._closed.is_set()
             lines = pod.lines[sent:]
             for line in lines:
                 yield (line if timestamps else line.split(" ", 1)[1]).encode() + b"\n"

@@ -33,9 +33,27 @@ from that (executor.py l. 254-277). tests/test_k8s_manifests.py runs that code o
 returns.
 """
 
+from pathlib import Path
 from typing import Any
 
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+VALUES = REPO / "deploy" / "helm" / "values.yaml"
+RELEASE, NAMESPACE = "dagster", "dagster-rl"  # as the README installs it
 SUBCHART = "dagster-user-deployments"
+
+
+def bound_rules(account: str) -> list[dict]:
+    """The rules deploy/k8s/rbac.yaml grants the service account `account` (in the release's namespace)."""
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy" / "k8s" / "rbac.yaml").read_text()) if d]
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Role"}
+    return [
+        rule
+        for d in docs
+        if d["kind"] == "RoleBinding" and any(s["kind"] == "ServiceAccount" and s["name"] == account for s in d["subjects"])
+        for rule in roles[d["roleRef"]["name"]]["rules"]
+    ]
 
 
 def fullname(release: str, chart: str, values: dict[str, Any]) -> str:

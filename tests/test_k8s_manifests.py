@@ -234,8 +234,7 @@ def test_the_code_location_reads_its_cluster_from_its_environment(monkeypatch):
 
 
 # ---- the service account of the runs -----------------------------------------------------------------
-RELEASE, NAMESPACE = "dagster", "dagster-rl"  # as the README installs it
-VALUES = REPO / "deploy" / "helm" / "values.yaml"
+RELEASE, NAMESPACE, VALUES, bound_rules = helm_chart.RELEASE, helm_chart.NAMESPACE, helm_chart.VALUES, helm_chart.bound_rules
 
 
 def run_and_step_pods(values: dict, monkeypatch) -> tuple[dict, dict]:
@@ -287,18 +286,6 @@ def run_and_step_pods(values: dict, monkeypatch) -> tuple[dict, dict]:
     )
     step_pod = pod(handler._get_container_context(step_context), "dagster-step-0123456789", "step_worker")  # noqa: SLF001
     return run_pod, step_pod
-
-
-def bound_rules(account: str) -> list[dict]:
-    """The rules deploy/k8s/rbac.yaml grants `account` (in the release's namespace)."""
-    docs = documents(REPO / "deploy" / "k8s" / "rbac.yaml")
-    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Role"}
-    return [
-        rule
-        for d in docs
-        if d["kind"] == "RoleBinding" and any(s["kind"] == "ServiceAccount" and s["name"] == account for s in d["subjects"])
-        for rule in roles[d["roleRef"]["name"]]["rules"]
-    ]
 
 
 def what_the_driver_cannot_do(values: dict, monkeypatch) -> tuple[str, list[tuple[str, str, str]]]:
