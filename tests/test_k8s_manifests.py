@@ -6,9 +6,11 @@ fields that schemas cannot check: the Service is the pods' subdomain, pod 0's ad
 step pods (tests/helm_chart.py, through dagster-k8s's own code) is the one deploy/k8s/rbac.yaml binds."""
 
 import copy
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -341,3 +343,62 @@ def test_an_account_set_anywhere_but_global_leaves_the_runs_on_an_account_withou
     named["dagster-user-deployments"]["serviceAccount"] = {"create": True, "name": "dagster-rl-code"}
     account, missing = what_the_driver_cannot_do(named, monkeypatch)
     assert account == "dagster-rl-code" and ("", "services", "create") in missing
+
+
+# ---- deploy/smoke-test.sh's check of the runs' account, against a stand-in kubectl ----------------
+KUBECTL = """#!{python}
+# A stand-in kubectl for deploy/smoke-test.sh: the release's objects exist, the code location's
+# Deployment carries the container context the chart renders, `auth can-i` answers as the rules of
+# deploy/k8s/rbac.yaml do (given), `exec` ends the script (the cluster part is not played).
+import json, sys
+args = sys.argv[1:]
+if "auth" in args:
+    asked = " ".join(args[args.index("can-i") + 1: args.index("can-i") + 3])
+    account = next(a for a in args if a.startswith("--as=")).split("=", 1)[1]
+    print("yes" if asked in {allowed}.get(account, ()) else "no")
+elif "CONTAINER_CONTEXT" in " ".join(args):
+    print(json.dumps({context}, separators=(",", ":")), end="")
+elif "-o" in args and "name" in args:
+    print("deployment.apps/dagster-dagster-user-deployments-dagster-rl")
+elif "exec" in args:
+    sys.exit(42)
+"""
+SMOKE_CHECKS = ("create services", "patch services", "delete services", "create jobs.batch", "get jobs.batch", "list jobs.batch",
+                "delete jobs.batch", "get jobs.batch/status", "list pods", "delete pods", "get pods/log")  # fmt: skip
+
+
+def smoke_test_until_exec(values: dict, tmp_path) -> subprocess.CompletedProcess:
+    """deploy/smoke-test.sh against the stand-in kubectl, on a release deployed with `values` and
+    deploy/k8s/rbac.yaml applied."""
+    (code,) = values["dagster-user-deployments"]["deployments"]
+    context = helm_chart.container_context(values, RELEASE, NAMESPACE, code)
+    account = context["k8s"]["service_account_name"]
+    granted = []
+    for check in SMOKE_CHECKS:
+        verb, what = check.split()
+        resource, _, sub = what.partition("/")
+        kind, _, group = resource.partition(".")
+        if allows(bound_rules(account), group, kind + (f"/{sub}" if sub else ""), verb):
+            granted.append(check)
+    allowed = {f"system:serviceaccount:{NAMESPACE}:{account}": granted}
+    stub = tmp_path / "bin" / "kubectl"
+    stub.parent.mkdir()
+    stub.write_text(KUBECTL.format(python=sys.executable, context=repr(context), allowed=repr(allowed)))
+    stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{stub.parent}{os.pathsep}{os.environ['PATH']}", "NAMESPACE": NAMESPACE}
+    return subprocess.run(["bash", str(REPO / "deploy" / "smoke-test.sh")], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_smoke_test_checks_that_the_runs_account_may_create_the_trainers_objects(tmp_path):
+    values = yaml.safe_load(VALUES.read_text())
+    done = smoke_test_until_exec(values, tmp_path)
+    assert "runs and steps run as: dagster-rl" in done.stdout, done.stdout + done.stderr
+    assert "may not" not in done.stderr and done.returncode == 42  # past the check, on to the experiment's upload
+    old = copy.deepcopy(values)
+    del old["global"]
+    old["serviceAccount"] = {"create": True, "name": "dagster-rl"}
+    (tmp_path / "old").mkdir()
+    done = smoke_test_until_exec(old, tmp_path / "old")
+    assert done.returncode == 1 and "runs and steps run as: dagster-dagster-user-deployments-user-deployments" in done.stdout
+    assert "may not:\n  create services" in done.stderr and "global.serviceAccountName: dagster-rl" in done.stderr, done.stderr
+    assert "kubectl -n dagster-rl apply -f deploy/k8s/rbac.yaml" in done.stderr
