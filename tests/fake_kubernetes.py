@@ -195,12 +195,10 @@ class FakeKubernetes:
         extra_path: str = str(Path(sys.executable).parent),
         rbac: tuple[str, list[dict]] | None = None,
         index_label: bool = True,
-        pass_env: tuple[str, ...] = (),
     ):
         self.rbac = rbac  # (the caller's service account, the rules bound to it); None: no RBAC
         self.denied: list[tuple[str, str, str]] = []  # (group, resource, verb) refused, in order
         self.index_label = index_label
-        self.pass_env = pass_env  # variables of this process that every "pod" also gets
         self.stalled_logs: set[int] = set()
         self.jobs: dict[tuple[str, str], FakeJob] = {}
         self.services: dict[tuple[str, str], dict[str, Any]] = {}
@@ -417,7 +415,7 @@ class FakeKubernetes:
         if (job.number, pod.index) in self.crash:
             command = [sys.executable, "-c", "import sys; print('node lost', flush=True); sys.exit(137)"]
         process_env = {"PATH": f"{self.extra_path}{os.pathsep}{os.environ.get('PATH', '')}", "HOME": os.environ.get("HOME", "/tmp"), **env}
-        for key in ("HF_HUB_OFFLINE", "DAGSTER_RL_MODEL_CACHE", "TMPDIR", *self.pass_env):
+        for key in ("HF_HUB_OFFLINE", "DAGSTER_RL_MODEL_CACHE", "TMPDIR"):
             if key in os.environ:
                 process_env[key] = os.environ[key]
         pod.proc = subprocess.Popen(command, cwd=REPO, env=process_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
