@@ -1,11 +1,11 @@
 """One run of an experiment at a time, and no run left STARTED by a dead process.
 
 Each experiment's driver is in the Dagster concurrency pool `dagster_rl/<experiment>` with a limit
-of 1: the instance's `concurrency: pools: default_limit: 1` (deploy/dagster.yaml, and the Helm
-values' `concurrency.pools.defaultLimit` on a cluster), and, where an instance sets no limit, the
-executor sets 1 on the pool the first time a run of the experiment executes (a limit set on the
-pool itself, in the UI's Concurrency page or `dagster instance concurrency set`, is kept). Both
-executors of the code location do it: `experiment_executor` (the multiprocess executor, one
+of 1, set by the executor on the pool the first time a run of the experiment executes, unless the
+instance has one for it (a limit set on the pool in the UI's Concurrency page or with `dagster
+instance concurrency set`, or an instance-wide `concurrency: pools: default_limit`; the shipped
+instance configs set none, see deploy/dagster.yaml for why). Both executors of the code location
+do it: `experiment_executor` (the multiprocess executor, one
 machine) and `experiment_k8s_executor` (`k8s_job_executor`, each step in its own pod). So a second
 run of an experiment, however and wherever it was launched (`dagster asset materialize`,
 `dagster job launch`, a UI backfill, on one machine or a cluster), starts and waits ("Step blocked
@@ -183,7 +183,6 @@ def experiment_executor(init_context) -> ExperimentExecutor:
 )
 def experiment_k8s_executor(init_context) -> ExperimentExecutor:
     """dagster-k8s's `k8s_job_executor` (same config: each step in its own pod), for experiment runs:
-    see `assets.concurrency`. On a cluster the pool's limit comes from the instance as well
-    (`concurrency.pools.defaultLimit` in deploy/helm/values.yaml); this keeps one run per
-    experiment where an instance sets none."""
+    see `assets.concurrency`. Its step-delegating executor claims the pool's slot before it creates
+    a step's pod, so a second run of an experiment waits in its run pod, before any step pod."""
     return ExperimentExecutor(k8s_job_executor.executor_creation_fn(init_context))
