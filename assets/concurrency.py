@@ -1,15 +1,20 @@
 """One run of an experiment at a time, and no run left STARTED by a dead process.
 
 Each experiment's driver is in the Dagster concurrency pool `dagster_rl/<experiment>` with a limit
-of 1 (set on the instance the first time a run of it executes, unless a limit is set there
-already: `concurrency: pools: default_limit` in `dagster.yaml`, or the UI's Concurrency page).
-So a second run of an experiment, however it was launched (`dagster asset materialize`,
-`dagster job launch`, a UI backfill), starts and waits ("Step blocked by limit for pool ...")
-until the first ends, then resumes where the first stopped: its finished steps are cache hits.
+of 1, set by the executor on the pool the first time a run of the experiment executes, unless the
+instance has one for it (a limit set on the pool in the UI's Concurrency page or with `dagster
+instance concurrency set`, or an instance-wide `concurrency: pools: default_limit`; the shipped
+instance configs set none, see deploy/dagster.yaml for why). Both executors of the code location
+do it: `experiment_executor` (the multiprocess executor, one
+machine) and `experiment_k8s_executor` (`k8s_job_executor`, each step in its own pod). So a second
+run of an experiment, however and wherever it was launched (`dagster asset materialize`,
+`dagster job launch`, a UI backfill, on one machine or a cluster), starts and waits ("Step blocked
+by limit for pool ...") until the first ends, then resumes where the first stopped: its finished
+steps are cache hits.
 
 A slot is held until its run ends, so a run whose process died (SIGKILL, OOM killer, a reboot)
-would block its experiment for ever. The code location's executor (`experiment_executor`, the
-multiprocess executor plus this) tags every run with where its orchestrating process runs, and
+would block its experiment for ever. The code location's executor (the multiprocess executor or
+`k8s_job_executor`, plus this) tags every run with where its orchestrating process runs, and
 while a run waits for its experiment's pool it looks at the runs that hold or wait for that pool
 and at the experiment's runs still marked started:
 - a finished run that still holds a slot: the slot is freed;
@@ -31,6 +36,7 @@ from pathlib import Path
 from dagster import DagsterRunStatus, Executor, RunsFilter, executor, multiple_process_executor_requirements, multiprocess_executor
 from dagster._core.events import DagsterEvent
 from dagster._core.storage.dagster_run import DagsterRun
+from dagster_k8s import k8s_job_executor
 
 from assets.console import CONSOLE
 from resources.run_launcher import kill_and_wait, leftover_processes, process_alive, process_started_at
@@ -111,7 +117,8 @@ def look_at_holders(instance, pool: str, experiment: str, me: DagsterRun, seen: 
 
 
 class ExperimentExecutor(Executor):
-    """The multiprocess executor, plus what this module's doc says, for the runs of experiment drivers."""
+    """An executor (multiprocess, or k8s_job_executor's step-delegating one), plus what this
+    module's doc says, for the runs of experiment drivers."""
 
     def __init__(self, inner: Executor):
         self._inner = inner
@@ -167,3 +174,15 @@ class ExperimentExecutor(Executor):
 def experiment_executor(init_context) -> ExperimentExecutor:
     """Dagster's multiprocess executor (same config), for experiment runs: see `assets.concurrency`."""
     return ExperimentExecutor(multiprocess_executor.executor_creation_fn(init_context))
+
+
+@executor(
+    name=k8s_job_executor.name,  # "k8s": run config and run tags written for k8s_job_executor keep working
+    config_schema=k8s_job_executor.config_schema,
+    requirements=k8s_job_executor.get_requirements,
+)
+def experiment_k8s_executor(init_context) -> ExperimentExecutor:
+    """dagster-k8s's `k8s_job_executor` (same config: each step in its own pod), for experiment runs:
+    see `assets.concurrency`. Its step-delegating executor claims the pool's slot before it creates
+    a step's pod, so a second run of an experiment waits in its run pod, before any step pod."""
+    return ExperimentExecutor(k8s_job_executor.executor_creation_fn(init_context))

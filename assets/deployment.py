@@ -19,9 +19,8 @@ URLs and keys are `EnvVar`s, read where the run executes (the UI shows the names
 import os
 
 from dagster import EnvVar, ExecutorDefinition
-from dagster_k8s import k8s_job_executor
 
-from assets.concurrency import experiment_executor
+from assets.concurrency import experiment_executor, experiment_k8s_executor
 from resources import PipesK8sJobLauncher, PipesTorchrunLauncher, RolloutEnvironment, TrainerEnvironment
 
 ARTIFACTS = "DAGSTER_RL_ARTIFACTS"
@@ -66,9 +65,9 @@ def trainer_environment() -> TrainerEnvironment:
 def executor() -> ExecutorDefinition:
     """k8s_job_executor when DAGSTER_RL_EXECUTOR=k8s: the driver's step runs in its own small pod,
     shaped by the experiment's `driver_pod` (the op's `dagster-k8s/config` tag); else the multiprocess
-    executor that also watches each experiment's pool (`assets.concurrency`). Either way the driver
-    is in its experiment's pool: one run of an experiment at a time."""
+    executor. Either way the executor also holds each experiment's pool to one run at a time and
+    watches the runs holding it (`assets.concurrency`)."""
     value = os.environ.get(EXECUTOR, "")
     if value not in ("", "k8s", "in_process"):
         raise ValueError(f"{EXECUTOR}={value!r}: use k8s, or leave it unset")
-    return k8s_job_executor if value == "k8s" else experiment_executor
+    return experiment_k8s_executor if value == "k8s" else experiment_executor

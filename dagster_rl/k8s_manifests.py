@@ -23,7 +23,7 @@ MAX_LABEL = 63  # a DNS label, a label value
 # name short enough that both fit in a DNS label for any index up to 9999.
 MAX_JOB_NAME = MAX_LABEL - len("-9999-xxxxx")
 JOB_LABEL = "dagster-rl/job"
-INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # an annotation of every Indexed Job pod (a label too from 1.28)
 CONTAINER = "worker"
 SHM_VOLUME = "dshm"
 STORAGE_VOLUME = "shared-storage"

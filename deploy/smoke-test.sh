@@ -27,6 +27,34 @@ DEPLOYMENT="$(k get deployment -l "deployment=$LOCATION" -o name | head -n1)"
 [ -n "$DEPLOYMENT" ] || { echo "smoke-test: no user code deployment $LOCATION: helm upgrade --install $RELEASE dagster/dagster -f deploy/helm/values.yaml" >&2; exit 1; }
 k rollout status "$DEPLOYMENT" --timeout=300s
 
+echo "== the account the runs use, and what it may do"
+# Run and step pods run as the account in the code location's container context (the chart sets it
+# from global.serviceAccountName); the driver, in a step pod, creates the trainer's Jobs and Services.
+CONTEXT="$(k get "$DEPLOYMENT" -o jsonpath='{.spec.template.spec.containers[0].env[?(@.name=="DAGSTER_CLI_API_GRPC_CONTAINER_CONTEXT")].value}')"
+RUN_SA="$(printf '%s' "$CONTEXT" | sed -n 's/.*"service_account_name": *"\([^"]*\)".*/\1/p')"
+[ -n "$RUN_SA" ] || RUN_SA="$(k get "$DEPLOYMENT" -o jsonpath='{.spec.template.spec.serviceAccountName}')"
+echo "runs and steps run as: $RUN_SA"
+missing=""
+for check in "create services" "patch services" "delete services" "create jobs.batch" "get jobs.batch" "list jobs.batch" \
+             "delete jobs.batch" "get jobs.batch/status" "list pods" "delete pods" "get pods/log"; do
+  # shellcheck disable=SC2086 # "verb resource" splits into its two words on purpose
+  if [ "$(kubectl auth can-i $check -n "$NAMESPACE" --as="system:serviceaccount:$NAMESPACE:$RUN_SA" 2>/dev/null)" != "yes" ]; then
+    missing="$missing
+  $check"
+  fi
+done
+if [ -n "$missing" ]; then
+  cat >&2 <<EOF
+smoke-test: the runs' service account $NAMESPACE/$RUN_SA may not:$missing
+Every trainer step would fail with HTTP 403. Fix:
+  - set global.serviceAccountName: dagster-rl in deploy/helm/values.yaml (the runs then run as the
+    account deploy/k8s/rbac.yaml binds) and helm upgrade the release; or bind $RUN_SA instead;
+  - kubectl -n $NAMESPACE apply -f deploy/k8s/rbac.yaml
+EOF
+  exit 1
+fi
+k get serviceaccount dagster-rl-trainer >/dev/null || { echo "smoke-test: no service account dagster-rl-trainer for the trainer pods: kubectl -n $NAMESPACE apply -f deploy/k8s/rbac.yaml" >&2; exit 1; }
+
 echo "== the smoke experiment, on the shared volume; the code location reloads"
 POD="$(k get pod -l "deployment=$LOCATION" -o jsonpath='{.items[0].metadata.name}')"
 k exec "$POD" -- mkdir -p /data/experiments

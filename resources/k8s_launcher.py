@@ -3,12 +3,20 @@ Job plus a headless Service, launched from the driver through Dagster Pipes, bui
 
 What comes from dagster-k8s: the Pipes client's configuration loading, context injection (env vars)
 and pod-log message reader (`PipesK8sClient`, `PipesK8sPodLogsMessageReader`: global rank 0, in pod
-0, reports through its logs), and the API client's Job helpers (`DagsterKubernetesClient`: creation
+0, reports through its logs), and the API client's helpers (`DagsterKubernetesClient`: Job creation
 with retries, waiting for a pod and for the Job's success while watching the Dagster run, deleting a
-Job with its pods). What a Job of N pods needs beyond them is here: the Service, finding pod 0,
-whole-set restarts, and cleanup of both objects on success, failure and run termination.
+Job with its pods; `k8s_api_retry`, `k8s_api_retry_creation_mutation` for the Service). What a Job
+of N pods needs beyond them is here: the Service, finding pod 0, whole-set restarts, and cleanup of
+both objects on success, failure and run termination.
+
+Pod 0's logs are read on a thread of their own (`PodLogs`): dagster-k8s 0.29.27 reads them
+synchronously until the stream ends, so a pod 0 that hangs, or a stream that stalls, would hold
+the wait for the Job, its deadline and the run's cancellation behind it. Here the wait for the Job
+(success, a failed pod, the Job's deadline, the run leaving STARTED) runs beside the log stream,
+and decides.
 """
 
+import threading
 import time
 from typing import Any
 
@@ -16,8 +24,17 @@ import kubernetes
 from dagster import AssetExecutionContext, ConfigurableResource
 from dagster._core.pipes.client import PipesClientCompletedInvocation
 from dagster._core.pipes.utils import open_pipes_session
+from dagster._core.storage.dagster_run import DagsterRunStatus
 from dagster_k8s import PipesK8sClient
-from dagster_k8s.client import DagsterK8sError, DagsterK8sJobStatusException, DagsterKubernetesClient
+from dagster_k8s.client import (
+    DagsterK8sAPIRetryLimitExceeded,
+    DagsterK8sError,
+    DagsterK8sJobStatusException,
+    DagsterK8sUnrecoverableAPIError,
+    DagsterKubernetesClient,
+    k8s_api_retry,
+    k8s_api_retry_creation_mutation,
+)
 from dagster_k8s.utils import detect_current_namespace
 from pydantic import Field
 
@@ -80,6 +97,7 @@ class PipesK8sJobLauncher(ConfigurableResource):
     kube_context: str | None = None
     poll_interval_s: float = Field(5.0, gt=0)
     pod_start_timeout_s: float = Field(1800.0, gt=0, description="how long pod 0 may take to appear and start")
+    log_drain_timeout_s: float = Field(60.0, gt=0, description="how long pod 0's log may take to end once the Job succeeded")
     ttl_after_finished_s: int = Field(3600, ge=0)
 
     # ---- what tests replace -------------------------------------------------------------------
@@ -138,46 +156,65 @@ class PipesK8sJobLauncher(ConfigurableResource):
         ns = cluster.namespace
         with open_pipes_session(context=context, extras=None, context_injector=pipes.context_injector, message_reader=pipes.message_reader) as session:
             body = indexed_job(job, cluster, name, extra_env=session.get_bootstrap_env_vars())
-            service = headless_service(job, cluster, name)
             context.log.info(f"creating trainer Job {ns}/{name}: {job.nodes} pod(s), pod 0 at {name}-0.{name}")
+            logs = None
             try:
-                try:
-                    client.core_api.create_namespaced_service(ns, service)
-                    created = client.batch_api.create_namespaced_job(body=body, namespace=ns)
-                    uid = getattr(getattr(created, "metadata", None), "uid", None)
-                    if uid:
-                        client.core_api.patch_namespaced_service(name, ns, owned_by(body, uid))
-                except kubernetes.client.ApiException as e:
-                    raise DagsterRLError(
-                        f"cannot create the trainer's Job and Service {ns}/{name}: HTTP {e.status} {e.reason}: {str(e.body)[:500]}. "
-                        "The driver's service account needs create/get/list/delete on jobs, services and pods and get on "
-                        "pods/log in that namespace (deploy/k8s/rbac.yaml)."
-                    ) from None
-                pod0 = self._pod0(client, ns, name)
-                with pipes.consume_pod_logs(context=context, client=client, namespace=ns, pod_name=pod0):
-                    client.wait_for_job_success(
-                        name,
-                        ns,
-                        instance=context.instance,
-                        run_id=context.run_id,
-                        wait_timeout=job.active_deadline_s + self.pod_start_timeout_s,
-                        wait_time_between_attempts=self.poll_interval_s,
-                        num_pods_to_wait_for=job.nodes,
+                self._create(client, ns, name, body, headless_service(job, cluster, name))
+                pod0 = self._pod0(context, client, ns, name)
+                logs = PodLogs(pipes, context, client, ns, pod0)
+                # the Job decides (success, a failed pod, its deadline, the run leaving STARTED), not the log stream
+                client.wait_for_job_success(
+                    name,
+                    ns,
+                    instance=context.instance,
+                    run_id=context.run_id,
+                    wait_timeout=job.active_deadline_s + self.pod_start_timeout_s,
+                    wait_time_between_attempts=self.poll_interval_s,
+                    num_pods_to_wait_for=job.nodes,
+                )
+                if problem := logs.drain(self.log_drain_timeout_s):
+                    context.log.warning(
+                        f"Job {name} succeeded, but pod 0's log stream ({ns}/{pod0}) {problem}: rank 0's last messages may be "
+                        "missing from the run's log (the checkpoint is on the shared volume)"
                     )
             finally:
                 self._cleanup(context, client, ns, name)
+                if logs is not None:
+                    logs.stop(self.poll_interval_s)  # the pods are deleted: a live stream ends; a stalled one is left behind
         return PipesClientCompletedInvocation(session)
 
-    def _pod0(self, client: DagsterKubernetesClient, ns: str, name: str) -> str:
-        """The name of the Job's pod of completion index 0 (Kubernetes names it <job>-0-<random>)."""
+    def _create(self, client: DagsterKubernetesClient, ns: str, name: str, job: dict, service: dict) -> None:
+        """The Service, then the Job (dagster-k8s's creation with retries: transient API errors are
+        retried, and a 409 after a retry means an earlier attempt went through), then the Service
+        owned by the Job."""
+        wait = self.poll_interval_s
+        try:
+            k8s_api_retry_creation_mutation(lambda: client.core_api.create_namespaced_service(ns, service), max_retries=3, timeout=wait)
+            client.create_namespaced_job_with_retries(body=job, namespace=ns, wait_time_between_attempts=wait)
+            created = k8s_api_retry(lambda: client.batch_api.read_namespaced_job(name, ns), max_retries=3, timeout=wait)
+            uid = getattr(getattr(created, "metadata", None), "uid", None)
+            if uid:
+                k8s_api_retry(lambda: client.core_api.patch_namespaced_service(name, ns, owned_by(job, uid)), max_retries=3, timeout=wait)
+        except (DagsterK8sAPIRetryLimitExceeded, DagsterK8sUnrecoverableAPIError) as e:
+            raise DagsterRLError(f"cannot create the trainer's Job and Service {ns}/{name}: {_api_error(e.k8s_api_exception)}") from None
+
+    def _pod0(self, context, client: DagsterKubernetesClient, ns: str, name: str) -> str:
+        """The name of the Job's pod of completion index 0 (Kubernetes names it <job>-0-<random>),
+        found by the index annotation, which every Kubernetes version with Indexed Jobs sets (the
+        same index as a pod label exists from 1.28 only). While waiting for it: the Job failing,
+        `pod_start_timeout_s` passing, or the run leaving STARTED ends the wait."""
         deadline = time.monotonic() + self.pod_start_timeout_s
         while True:
-            pods = client.core_api.list_namespaced_pod(namespace=ns, label_selector=f"{JOB_LABEL}={name},{INDEX_LABEL}=0").items
-            if pods:
-                return pods[0].metadata.name
+            pods = client.core_api.list_namespaced_pod(namespace=ns, label_selector=f"{JOB_LABEL}={name}").items
+            zero = [p.metadata.name for p in pods if (p.metadata.annotations or {}).get(INDEX_LABEL) == "0"]
+            if zero:
+                return zero[0]
             status = client.get_job_status(name, ns)
             if status is not None and status.failed:
                 raise DagsterK8sError(f"Job {name} failed before its pod 0 started: {status}")
+            run = context.instance.get_run_by_id(context.run_id)
+            if run is None or run.status != DagsterRunStatus.STARTED:
+                raise DagsterK8sJobStatusException()
             if time.monotonic() > deadline:
                 raise DagsterK8sError(f"Job {name} has no pod 0 after {self.pod_start_timeout_s} s")
             time.sleep(self.poll_interval_s)
@@ -192,3 +229,50 @@ class PipesK8sJobLauncher(ConfigurableResource):
                     context.log.warning(f"could not delete trainer {what} {ns}/{name}: {e}; it expires by its TTL / owner")
             except Exception as e:  # noqa: BLE001 - cleanup is best effort
                 context.log.warning(f"could not delete trainer {what} {ns}/{name}: {e!r}")
+
+
+class PodLogs:
+    """Pod 0's logs, read on a thread by dagster-k8s's Pipes reader (`PipesK8sClient.consume_pod_logs`:
+    it waits for the pod, follows its log, reconnects on errors, forwards rank 0's Pipes messages to
+    the run). The caller waits for the Job meanwhile; `drain` then gives the stream time to end
+    (pod 0 has exited), and `stop` leaves a stalled one behind."""
+
+    def __init__(self, pipes: PipesK8sClient, context, client: DagsterKubernetesClient, namespace: str, pod: str):
+        self.pod = pod
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._read, args=(pipes, context, client, namespace), name=f"pod-logs-{pod}", daemon=True)
+        self._thread.start()
+
+    def _read(self, pipes: PipesK8sClient, context, client: DagsterKubernetesClient, namespace: str) -> None:
+        try:
+            with pipes.consume_pod_logs(context=context, client=client, namespace=namespace, pod_name=self.pod):
+                pass
+        except BaseException as e:  # noqa: BLE001 - reported by drain; the Job's outcome decides the step
+            self.error = e
+
+    def drain(self, timeout_s: float) -> str | None:
+        """Wait up to `timeout_s` for the stream to end: None when it ended cleanly, else what went wrong."""
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            return f"had not ended {timeout_s:g} s later"
+        if self.error is not None:
+            return f"could not be read ({self.error!r})"
+        return None
+
+    def stop(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+
+
+def _api_error(error: BaseException) -> str:
+    """What an API error says, and, for a 403, which permission the driver's account lacks."""
+    if not isinstance(error, kubernetes.client.ApiException):
+        return repr(error)
+    said = f"HTTP {error.status} {error.reason}: {str(error.body)[:500]}"
+    if error.status == 403:
+        said += (
+            ". The driver runs as the service account of the run's pods, the chart's global.serviceAccountName "
+            "(deploy/helm/values.yaml); deploy/k8s/rbac.yaml binds that account to the Role it needs (create/get/list/"
+            "patch/delete on jobs and services, get/list/delete on pods, get on pods/log): kubectl apply -f deploy/k8s/rbac.yaml "
+            "in the release's namespace, and check with deploy/smoke-test.sh"
+        )
+    return said

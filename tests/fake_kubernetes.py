@@ -13,12 +13,22 @@ processes. It is not Kubernetes; it plays the parts the launcher depends on:
   127.0.0.1 only if a Service of that name selects the pod (as cluster DNS would), and every Job
   gets its own free port for MASTER_PORT, since all "pods" share this machine's network.
 
+- the Job controller's own clock: `activeDeadlineSeconds` fails a Job (reason DeadlineExceeded) and
+  kills its pods when it passes, whether or not anyone reads the Job;
+- RBAC, when given `rbac=(account, rules)`: every call is authorized against the rules of the Role
+  bound to that account (403 Forbidden otherwise, worded as the API server words it);
+- plain Jobs too (the `k8s_job_executor`'s step Jobs: one pod, command and args from the container).
+
 Hooks for failure tests: `crash` = {(job number, pod index)} runs a failing command in those pods;
-`on_job_status(job_name)` is called on each Job status read; `on_log_follow(pod_name)` when a
-pod's log is followed.
+`stalled_logs` = {pod index}: a followed log of such a pod never ends, even after its container
+exits (a stalled stream); `on_job_status(job_name)` is called on each Job status read;
+`on_log_follow(pod_name)` when a pod's log is followed. `index_label=False` plays a cluster older
+than Kubernetes 1.28, whose Job controller puts the completion index on pods as an annotation only.
 """
 
+import inspect
 import itertools
+import json
 import os
 import random
 import signal
@@ -37,12 +47,14 @@ from typing import Any
 
 import kubernetes_validate
 from kubernetes.client import (
+    ApiClient,
     ApiException,
     V1ContainerState,
     V1ContainerStateRunning,
     V1ContainerStateTerminated,
     V1ContainerStatus,
     V1Job,
+    V1JobCondition,
     V1JobStatus,
     V1ObjectMeta,
     V1Pod,
@@ -73,6 +85,43 @@ def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 def _parse_selector(text: str | None) -> dict[str, str]:
     return dict(part.split("=", 1) for part in text.split(",")) if text else {}
+
+
+# What each call of the fake needs, in RBAC terms: (API group, resource, verb).
+PERMISSION = {
+    "create_namespaced_job": ("batch", "jobs", "create"),
+    "list_namespaced_job": ("batch", "jobs", "list"),
+    "read_namespaced_job": ("batch", "jobs", "get"),
+    "read_namespaced_job_status": ("batch", "jobs/status", "get"),
+    "delete_namespaced_job": ("batch", "jobs", "delete"),
+    "create_namespaced_service": ("", "services", "create"),
+    "patch_namespaced_service": ("", "services", "patch"),
+    "delete_namespaced_service": ("", "services", "delete"),
+    "list_namespaced_pod": ("", "pods", "list"),
+    "read_namespaced_pod_log": ("", "pods/log", "get"),
+    "delete_namespaced_pod": ("", "pods", "delete"),
+    "list_namespaced_event": ("", "events", "list"),
+}
+
+
+def _forbidden(account: str, namespace: str, group: str, resource: str, verb: str) -> ApiException:
+    """The 403 the API server answers, worded as it words it."""
+    kind, _, sub = resource.partition("/")
+    what = f'resource "{kind}"' + (f' subresource "{sub}"' if sub else "")
+    message = f'{resource} is forbidden: User "{account}" cannot {verb} {what} in API group "{group}" in the namespace "{namespace}"'
+    error = ApiException(status=403, reason="Forbidden")
+    error.body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403, "message": message})
+    return error
+
+
+def allows(rules: list[dict], group: str, resource: str, verb: str) -> bool:
+    """Whether a Role's rules allow `verb` on `resource` of API `group` (RBAC is additive)."""
+    return any(
+        (group in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []))
+        and (resource in rule.get("resources", []) or "*" in rule.get("resources", []))
+        and (verb in rule.get("verbs", []) or "*" in rule.get("verbs", []))
+        for rule in rules
+    )
 
 
 @dataclass
@@ -127,17 +176,30 @@ class FakeJob:
 
     def status(self) -> V1JobStatus:
         codes = [p.exit_code if p.done.is_set() else None for p in self.pods]
+        conditions = None
+        if self.failed_reason is not None:
+            conditions = [V1JobCondition(type="Failed", status="True", reason=self.failed_reason)]
         return V1JobStatus(
             active=sum(c is None for c in codes) or None,
             succeeded=sum(c == 0 for c in codes) or None,
             failed=sum(c not in (None, 0) for c in codes) or None,
+            conditions=conditions,
         )
 
 
 class FakeKubernetes:
     """The fake cluster; `.batch` and `.core` are its BatchV1Api and CoreV1Api."""
 
-    def __init__(self, extra_path: str = str(Path(sys.executable).parent)):
+    def __init__(
+        self,
+        extra_path: str = str(Path(sys.executable).parent),
+        rbac: tuple[str, list[dict]] | None = None,
+        index_label: bool = True,
+    ):
+        self.rbac = rbac  # (the caller's service account, the rules bound to it); None: no RBAC
+        self.denied: list[tuple[str, str, str]] = []  # (group, resource, verb) refused, in order
+        self.index_label = index_label
+        self.stalled_logs: set[int] = set()
         self.jobs: dict[tuple[str, str], FakeJob] = {}
         self.services: dict[tuple[str, str], dict[str, Any]] = {}
         self.deleted_pods: list[FakePod] = []
@@ -149,21 +211,27 @@ class FakeKubernetes:
         self.extra_path = extra_path
         self._numbers = itertools.count()
         self._lock = threading.RLock()
-        self.batch = SimpleNamespace(
-            create_namespaced_job=self.create_namespaced_job,
-            list_namespaced_job=self.list_namespaced_job,
-            read_namespaced_job_status=self.read_namespaced_job_status,
-            delete_namespaced_job=self.delete_namespaced_job,
-        )
-        self.core = SimpleNamespace(
-            create_namespaced_service=self.create_namespaced_service,
-            patch_namespaced_service=self.patch_namespaced_service,
-            delete_namespaced_service=self.delete_namespaced_service,
-            list_namespaced_pod=self.list_namespaced_pod,
-            read_namespaced_pod_log=self.read_namespaced_pod_log,
-            delete_namespaced_pod=self.delete_namespaced_pod,
-            list_namespaced_event=lambda namespace, **kw: SimpleNamespace(items=[]),
-        )
+        self._closed = threading.Event()
+        self.batch = SimpleNamespace(**{name: self._authorized(name) for name in PERMISSION if name.endswith("_job") or "_job_" in name})
+        self.core = SimpleNamespace(**{name: self._authorized(name) for name in PERMISSION if name not in vars(self.batch)})
+        threading.Thread(target=self._job_controller, name="fake-job-controller", daemon=True).start()
+
+    def _authorized(self, name: str) -> Callable:
+        """The API server's authorization in front of a call: RBAC against the caller's Role."""
+        method = getattr(self, name)
+        group, resource, verb = PERMISSION[name]
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.rbac is not None and not allows(self.rbac[1], group, resource, verb):
+                self.denied.append((group, resource, verb))
+                namespace = inspect.signature(method).bind(*args, **kwargs).arguments.get("namespace", "default")
+                raise _forbidden(self.rbac[0], namespace, group, resource, verb)
+            return method(*args, **kwargs)
+
+        return call
+
+    def list_namespaced_event(self, namespace: str, **_: Any):
+        return SimpleNamespace(items=[])
 
     # ---- what is left ----------------------------------------------------------------------------
     def objects(self) -> dict[str, list[str]]:
@@ -181,6 +249,7 @@ class FakeKubernetes:
             return [p.name for p in pods if p.proc is not None and p.proc.poll() is None]
 
     def close(self) -> None:
+        self._closed.set()
         with self._lock:
             for pod in [p for j in self.jobs.values() for p in j.pods] + list(self.orphans.values()) + self.deleted_pods:
                 self._kill(pod)
@@ -216,13 +285,15 @@ class FakeKubernetes:
                 raise ApiException(status=404, reason="NotFound")
 
     # ---- jobs ----------------------------------------------------------------------------------
-    def create_namespaced_job(self, body: dict, namespace: str, **_: Any) -> V1Job:
+    def create_namespaced_job(self, body: dict | V1Job, namespace: str, **_: Any) -> V1Job:
+        if not isinstance(body, dict):  # a V1Job model (dagster-k8s's step Jobs): what the client sends
+            body = ApiClient().sanitize_for_serialization(body)
         with self._lock:
             name = self._admit("job", namespace, body, self.jobs)
             job = FakeJob(body, next(self._numbers), str(uuid.uuid4()), time.monotonic())
             self.jobs[(namespace, name)] = job
             port = str(free_port())  # every Job its own port: all "pods" share this machine's network
-            job.pods = [self._make_pod(job, namespace, index) for index in range(body["spec"]["completions"])]
+            job.pods = [self._make_pod(job, namespace, index) for index in range(body["spec"].get("completions") or 1)]
             for pod in job.pods:
                 self._start(job, pod, port)
         return V1Job(metadata=V1ObjectMeta(name=name, namespace=namespace, uid=job.uid))
@@ -233,6 +304,13 @@ class FakeKubernetes:
             jobs = [j for (ns, n), j in self.jobs.items() if ns == namespace and (not name or n == name)]
             return SimpleNamespace(items=[V1Job(metadata=V1ObjectMeta(name=j.name, uid=j.uid), status=self._status(j)) for j in jobs])
 
+    def read_namespaced_job(self, name: str, namespace: str, **_: Any) -> V1Job:
+        with self._lock:
+            job = self.jobs.get((namespace, name))
+            if job is None:
+                raise ApiException(status=404, reason="NotFound")
+            return V1Job(metadata=V1ObjectMeta(name=name, namespace=namespace, uid=job.uid), status=self._status(job))
+
     def read_namespaced_job_status(self, name: str, namespace: str, **_: Any) -> V1Job:
         if self.on_job_status is not None:
             self.on_job_status(name)
@@ -241,6 +319,13 @@ class FakeKubernetes:
             if job is None:
                 raise ApiException(status=404, reason="NotFound")
             return V1Job(metadata=V1ObjectMeta(name=name, uid=job.uid), status=self._status(job))
+
+    def _job_controller(self) -> None:
+        """The Job controller's own clock: deadlines pass whether or not anyone reads the Job."""
+        while not self._closed.wait(0.2):
+            with self._lock:
+                for job in list(self.jobs.values()):
+                    self._status(job)
 
     def delete_namespaced_job(self, name: str, namespace: str, **_: Any) -> None:
         with self._lock:
@@ -303,7 +388,7 @@ class FakeKubernetes:
     def _follow(self, pod: FakePod, timestamps: bool):
         sent = 0
         while True:
-            finished = pod.done.is_set()
+            finished = (pod.done.is_set() and pod.index not in self.stalled_logs) or self._closed.is_set()
             lines = pod.lines[sent:]
             for line in lines:
                 yield (line if timestamps else line.split(" ", 1)[1]).encode() + b"\n"
@@ -316,7 +401,9 @@ class FakeKubernetes:
     def _make_pod(self, job: FakeJob, namespace: str, index: int) -> FakePod:
         template = job.manifest["spec"]["template"]
         suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
-        labels = {**template["metadata"].get("labels", {}), "job-name": job.name, "batch.kubernetes.io/job-name": job.name, INDEX_LABEL: str(index)}
+        labels = {**template["metadata"].get("labels", {}), "job-name": job.name, "batch.kubernetes.io/job-name": job.name}
+        if self.index_label:  # Kubernetes >= 1.28 labels pods with their index too; before, the annotation only
+            labels[INDEX_LABEL] = str(index)
         return FakePod(f"{job.name}-{index}-{suffix}", namespace, labels, {INDEX_LABEL: str(index)}, template["spec"], job.name, index)
 
     def _start(self, job: FakeJob, pod: FakePod, port: str) -> None:
@@ -324,7 +411,7 @@ class FakeKubernetes:
         env = {e["name"]: self._env_value(e, pod) for e in container.get("env", [])}
         env[MASTER_ADDR] = self._resolve(pod.namespace, env.get(MASTER_ADDR, ""))
         env[MASTER_PORT] = port
-        command = [expand(part, env) for part in container["command"] + container.get("args", [])]
+        command = [expand(part, env) for part in container.get("command", []) + container.get("args", [])]
         if (job.number, pod.index) in self.crash:
             command = [sys.executable, "-c", "import sys; print('node lost', flush=True); sys.exit(137)"]
         process_env = {"PATH": f"{self.extra_path}{os.pathsep}{os.environ.get('PATH', '')}", "HOME": os.environ.get("HOME", "/tmp"), **env}

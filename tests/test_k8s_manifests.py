@@ -2,18 +2,30 @@
 trainer's launcher creates, the driver's step pod, and the pod the Helm values give the code
 location, all valid for Kubernetes 1.33 (kubernetes-validate, strict), with the rules across
 fields that schemas cannot check: the Service is the pods' subdomain, pod 0's address is
-<job>-0.<service>, names fit their limits."""
+<job>-0.<service>, names fit their limits; and the service account the chart gives the run and
+step pods (tests/helm_chart.py, through dagster-k8s's own code) is the one deploy/k8s/rbac.yaml binds."""
 
+import copy
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import kubernetes
 import kubernetes_validate
 import pytest
 import yaml
 from dagster import EnvVar
+from dagster._config import process_config
+from dagster._core.code_pointer import ModuleCodePointer
+from dagster._core.origin import JobPythonOrigin, RepositoryPythonOrigin
+from dagster._core.storage.dagster_run import DagsterRun
+from dagster_k8s import K8sRunLauncher
+from dagster_k8s.container_context import K8sContainerContext
+from dagster_k8s.executor import K8sStepHandler
 from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
 
 from assets import deployment
@@ -21,7 +33,9 @@ from dagster_rl.experiment_files import load_experiments
 from dagster_rl.k8s_manifests import INDEX_LABEL, MAX_LABEL, ClusterSettings, expand, headless_service, indexed_job, job_name
 from dagster_rl.lm.backends import LMTrainer
 from dagster_rl.pods import COMPLETION_INDEX, MASTER_ADDR, MASTER_PORT, PodJob, PodResources
+from tests import helm_chart
 from tests.conftest import shipped_settings
+from tests.fake_kubernetes import allows
 from tests.harness import failure_message
 
 REPO = Path(__file__).resolve().parent.parent
@@ -151,12 +165,11 @@ def test_the_helm_values_deploy_the_code_location_the_launcher_and_postgres():
     assert code["volumes"][0]["persistentVolumeClaim"]["claimName"] == storage["metadata"]["name"] == env[deployment.STORAGE_CLAIM]
     assert code["volumeMounts"][0]["mountPath"] == env[deployment.STORAGE_PATH]
     rbac = {d["kind"]: d for d in documents(REPO / "deploy" / "k8s" / "rbac.yaml")}
-    assert rbac["RoleBinding"]["subjects"][0]["name"] == values["serviceAccount"]["name"]
     assert rbac["ServiceAccount"]["metadata"]["name"] == env[deployment.K8S_SERVICE_ACCOUNT]
     # the code location's pod, as the chart would make it from these values
     pod = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dagster-rl"},
-        "spec": {"serviceAccountName": values["serviceAccount"]["name"], "volumes": code["volumes"], "containers": [{
+        "spec": {"serviceAccountName": helm_chart.code_server_service_account(values, RELEASE, code), "volumes": code["volumes"], "containers": [{
             "name": "dagster-rl", "image": env[deployment.K8S_IMAGE], "env": code["env"],
             "volumeMounts": code["volumeMounts"], "resources": code["resources"],
         }]},
@@ -220,3 +233,173 @@ def test_the_code_location_reads_its_cluster_from_its_environment(monkeypatch):
     defs = build_definitions(load_experiments(REPO / "experiments"))
     assert defs.resources["trainer"].k8s is None and defs.resources["rollout"].endpoint() is None
     assert defs.resolve_job_def("qwen25_grpo_k8s_train").executor_def.name != "k8s"
+
+
+# ---- the service account of the runs -----------------------------------------------------------------
+RELEASE, NAMESPACE, VALUES, bound_rules = helm_chart.RELEASE, helm_chart.NAMESPACE, helm_chart.VALUES, helm_chart.bound_rules
+
+
+def run_and_step_pods(values: dict, monkeypatch) -> tuple[dict, dict]:
+    """The driver's run pod and step pod as dagster-k8s 0.29.27 builds them on a cluster deployed
+    with `values`: the K8sRunLauncher configured as the chart configures it, a run whose code
+    origin carries the container context the chart gives the code server, the step of the
+    experiment's driver op. dagster-k8s's own code decides what each pod gets."""
+    from assets.driver import build_driver
+
+    monkeypatch.setattr("dagster_k8s.launcher.load_kubernetes_config", lambda **_: None)
+    monkeypatch.setattr("kubernetes.config.load_incluster_config", lambda: None)
+    for name, value in dict(DAGSTER_HOME="/opt/dagster/dagster_home", DAGSTER_K8S_INSTANCE_CONFIG_MAP="dagster-instance",
+                            DAGSTER_K8S_PG_PASSWORD_SECRET="dagster-postgresql-secret", DAGSTER_K8S_PIPELINE_RUN_ENV_CONFIGMAP="dagster-pipeline-env").items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    config = process_config(K8sRunLauncher.config_type(), helm_chart.run_launcher_config(values, RELEASE, NAMESPACE))
+    assert config.success, config.errors
+    launcher = K8sRunLauncher.from_config_value(None, config.value)
+
+    (code,) = values["dagster-user-deployments"]["deployments"]
+    image = f"{code['image']['repository']}:{code['image']['tag']}"
+    origin = JobPythonOrigin(
+        "qwen25_grpo_k8s_train",
+        RepositoryPythonOrigin(
+            executable_path="python", code_pointer=ModuleCodePointer("assets.definitions", "defs", None), container_image=image,
+            entry_point=["dagster"], container_context=helm_chart.container_context(values, RELEASE, NAMESPACE, code),
+        ),
+    )  # fmt: skip
+    run = DagsterRun(job_name="qwen25_grpo_k8s_train", run_id="5f0c3c1e-0d4b-4a77-9a7e-0123456789ab", job_code_origin=origin)
+
+    def pod(context: K8sContainerContext, name: str, component: str) -> dict:
+        job = construct_dagster_k8s_job(
+            context.get_k8s_job_config(image, launcher), ["dagster", "api", "execute_run"], name, component=component,
+            user_defined_k8s_config=context.run_k8s_config,
+        )  # fmt: skip
+        body = kubernetes.client.ApiClient().sanitize_for_serialization(job)
+        validate(body)
+        return body["spec"]["template"]["spec"]
+
+    run_pod = pod(launcher.get_container_context_for_run(run), "dagster-run-5f0c3c1e", "run_worker")
+    driver = build_driver(qwen())
+    step_key = driver.op.name
+    handler = K8sStepHandler(image=None, container_context=K8sContainerContext(), load_incluster_config=True, kubeconfig_file=None)
+    step_context = SimpleNamespace(
+        dagster_run=run,
+        instance=SimpleNamespace(run_launcher=launcher),
+        execute_step_args=SimpleNamespace(step_keys_to_execute=[step_key]),
+        step_tags={step_key: driver.op.tags},
+        get_step_context=lambda key: SimpleNamespace(step=SimpleNamespace(op_name=driver.op.name)),
+    )
+    step_pod = pod(handler._get_container_context(step_context), "dagster-step-0123456789", "step_worker")  # noqa: SLF001
+    return run_pod, step_pod
+
+
+def what_the_driver_cannot_do(values: dict, monkeypatch) -> tuple[str, list[tuple[str, str, str]]]:
+    """(the account the run and step pods get from the chart, the calls of the trainer's launcher
+    that deploy/k8s/rbac.yaml does not allow that account)."""
+    run_pod, step_pod = run_and_step_pods(values, monkeypatch)
+    assert run_pod["serviceAccountName"] == step_pod["serviceAccountName"]
+    account = step_pod["serviceAccountName"]
+    rules = bound_rules(account)
+    needed = [  # what resources.PipesK8sJobLauncher and dagster-k8s's Pipes client call (tests/fake_kubernetes.py PERMISSION)
+        ("batch", "jobs", "create"), ("batch", "jobs", "get"), ("batch", "jobs", "list"), ("batch", "jobs", "delete"),
+        ("batch", "jobs/status", "get"), ("", "services", "create"), ("", "services", "patch"), ("", "services", "delete"),
+        ("", "pods", "list"), ("", "pods", "delete"), ("", "pods/log", "get"),
+    ]  # fmt: skip
+    return account, [n for n in needed if not allows(rules, *n)]
+
+
+def test_the_run_and_step_pods_run_as_the_account_that_rbac_binds(monkeypatch):
+    """Set once (global.serviceAccountName): the chart's webserver/daemon account, the run launcher's,
+    the code server's, the run pod's and the driver's step pod's are one account, the one
+    deploy/k8s/rbac.yaml binds to the Role that lets the driver create the trainer's Jobs and Services."""
+    values = yaml.safe_load(VALUES.read_text())
+    account, missing = what_the_driver_cannot_do(values, monkeypatch)
+    assert missing == [], f"the run and step pods run as {account}, which deploy/k8s/rbac.yaml does not allow {missing}"
+    assert account == (values.get("global") or {}).get("serviceAccountName") == "dagster-rl"
+    (code,) = values["dagster-user-deployments"]["deployments"]
+    assert helm_chart.top_service_account(values, RELEASE) == helm_chart.code_server_service_account(values, RELEASE, code) == account
+    assert helm_chart.created_service_accounts(values, RELEASE) == [account]  # the chart creates it, once
+    assert helm_chart.run_launcher_config(values, RELEASE, NAMESPACE)["service_account_name"] == account
+    run_pod, step_pod = run_and_step_pods(values, monkeypatch)
+    # the run pod has the code location's resources: its container context wins over the run launcher's
+    assert run_pod["containers"][0]["resources"] == code["resources"]
+    # the step pod is the driver's: the experiment's driver_pod, the code location's env and volume
+    container = step_pod["containers"][0]
+    assert container["resources"] == {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "16Gi"}}
+    assert {"name": deployment.EXECUTOR, "value": "k8s"} in container["env"]
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/data"}
+
+
+def test_an_account_set_anywhere_but_global_leaves_the_runs_on_an_account_without_rbac(monkeypatch):
+    """The defect this replaces: the top-level serviceAccount.name is the webserver's and daemon's, not
+    the runs' (the code location's container context overrides the run launcher's), so the run and
+    step pods ran as the subchart's default account, which deploy/k8s/rbac.yaml does not bind: the
+    driver's first Service creation was a 403."""
+    values = yaml.safe_load(VALUES.read_text())
+    old = copy.deepcopy(values)
+    old.pop("global", None)
+    old["serviceAccount"] = {"create": True, "name": "dagster-rl"}
+    account, missing = what_the_driver_cannot_do(old, monkeypatch)
+    assert account == "dagster-dagster-user-deployments-user-deployments"
+    assert ("", "services", "create") in missing and ("batch", "jobs", "create") in missing
+    # the subchart's own account only when named there, and then the chart makes it, not rbac.yaml's
+    named = copy.deepcopy(old)
+    named["dagster-user-deployments"]["serviceAccount"] = {"create": True, "name": "dagster-rl-code"}
+    account, missing = what_the_driver_cannot_do(named, monkeypatch)
+    assert account == "dagster-rl-code" and ("", "services", "create") in missing
+
+
+# ---- deploy/smoke-test.sh's check of the runs' account, against a stand-in kubectl ----------------
+KUBECTL = """#!{python}
+# A stand-in kubectl for deploy/smoke-test.sh: the release's objects exist, the code location's
+# Deployment carries the container context the chart renders, `auth can-i` answers as the rules of
+# deploy/k8s/rbac.yaml do (given), `exec` ends the script (the cluster part is not played).
+import json, sys
+args = sys.argv[1:]
+if "auth" in args:
+    asked = " ".join(args[args.index("can-i") + 1: args.index("can-i") + 3])
+    account = next(a for a in args if a.startswith("--as=")).split("=", 1)[1]
+    print("yes" if asked in {allowed}.get(account, ()) else "no")
+elif "CONTAINER_CONTEXT" in " ".join(args):
+    print(json.dumps({context}, separators=(",", ":")), end="")
+elif "-o" in args and "name" in args:
+    print("deployment.apps/dagster-dagster-user-deployments-dagster-rl")
+elif "exec" in args:
+    sys.exit(42)
+"""
+SMOKE_CHECKS = ("create services", "patch services", "delete services", "create jobs.batch", "get jobs.batch", "list jobs.batch",
+                "delete jobs.batch", "get jobs.batch/status", "list pods", "delete pods", "get pods/log")  # fmt: skip
+
+
+def smoke_test_until_exec(values: dict, tmp_path) -> subprocess.CompletedProcess:
+    """deploy/smoke-test.sh against the stand-in kubectl, on a release deployed with `values` and
+    deploy/k8s/rbac.yaml applied."""
+    (code,) = values["dagster-user-deployments"]["deployments"]
+    context = helm_chart.container_context(values, RELEASE, NAMESPACE, code)
+    account = context["k8s"]["service_account_name"]
+    granted = []
+    for check in SMOKE_CHECKS:
+        verb, what = check.split()
+        resource, _, sub = what.partition("/")
+        kind, _, group = resource.partition(".")
+        if allows(bound_rules(account), group, kind + (f"/{sub}" if sub else ""), verb):
+            granted.append(check)
+    allowed = {f"system:serviceaccount:{NAMESPACE}:{account}": granted}
+    stub = tmp_path / "bin" / "kubectl"
+    stub.parent.mkdir()
+    stub.write_text(KUBECTL.format(python=sys.executable, context=repr(context), allowed=repr(allowed)))
+    stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{stub.parent}{os.pathsep}{os.environ['PATH']}", "NAMESPACE": NAMESPACE}
+    return subprocess.run(["bash", str(REPO / "deploy" / "smoke-test.sh")], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_smoke_test_checks_that_the_runs_account_may_create_the_trainers_objects(tmp_path):
+    values = yaml.safe_load(VALUES.read_text())
+    done = smoke_test_until_exec(values, tmp_path)
+    assert "runs and steps run as: dagster-rl" in done.stdout, done.stdout + done.stderr
+    assert "may not" not in done.stderr and done.returncode == 42  # past the check, on to the experiment's upload
+    old = copy.deepcopy(values)
+    old.pop("global", None)
+    old["serviceAccount"] = {"create": True, "name": "dagster-rl"}
+    (tmp_path / "old").mkdir()
+    done = smoke_test_until_exec(old, tmp_path / "old")
+    assert done.returncode == 1 and "runs and steps run as: dagster-dagster-user-deployments-user-deployments" in done.stdout
+    assert "may not:\n  create services" in done.stderr and "global.serviceAccountName: dagster-rl" in done.stderr, done.stderr
+    assert "kubectl -n dagster-rl apply -f deploy/k8s/rbac.yaml" in done.stderr

@@ -1,12 +1,17 @@
 """The trainer backend `k8s` through `PipesK8sJobLauncher` against a FAKE of the Kubernetes API
-(tests/fake_kubernetes.py: an API server that validates, a Job controller, pods as local processes):
-two pods of torchrun train the step the in-process trainer trains; the create / wait / read-logs /
-cleanup sequence; whole-set restarts; failure; and run termination, both ways Dagster ends a run."""
+(tests/fake_kubernetes.py: an API server that validates and authorizes, a Job controller, pods as
+local processes): two pods of torchrun train the step the in-process trainer trains; the create /
+wait / read-logs / cleanup sequence; whole-set restarts; failure; run termination, both ways Dagster
+ends a run; a pod 0 that hangs; and RBAC: every call is made as the account the Helm chart gives
+the driver's step pod, with the rules deploy/k8s/rbac.yaml binds to it."""
 
 import json
 import sys
+import threading
+import time
 
 import pytest
+import yaml
 from dagster import AssetExecutionContext, DagsterInstance, asset, materialize
 from dagster._core.errors import DagsterExecutionInterruptedError
 from dagster_k8s.client import DagsterKubernetesClient
@@ -20,8 +25,15 @@ from resources.k8s_launcher import PodJobFailed, PodJobTerminated
 from tests.conftest import shipped_settings
 from tests.fake_kubernetes import FakeKubernetes
 from tests.harness import failure_message
+from tests.helm_chart import NAMESPACE, RELEASE, VALUES, bound_rules, user_deployments_service_account
 
 CLUSTER: dict[str, FakeKubernetes] = {}
+
+
+def driver_account() -> tuple[str, list[dict]]:
+    """(the driver's identity as the API server sees it, the rules deploy/k8s/rbac.yaml grants it)."""
+    account = user_deployments_service_account(yaml.safe_load(VALUES.read_text()), RELEASE)
+    return f"system:serviceaccount:{NAMESPACE}:{account}", bound_rules(account)
 
 
 class FakeClusterLauncher(PipesK8sJobLauncher):
@@ -34,9 +46,10 @@ class FakeClusterLauncher(PipesK8sJobLauncher):
 
 @pytest.fixture
 def cluster():
-    fake = CLUSTER["current"] = FakeKubernetes()
+    fake = CLUSTER["current"] = FakeKubernetes(rbac=driver_account())
     yield fake
     fake.close()
+    assert fake.denied == [], "the launcher made calls deploy/k8s/rbac.yaml does not allow"
 
 
 def launcher(tmp_path, **kw) -> FakeClusterLauncher:
@@ -143,11 +156,23 @@ REPORT = (
 )
 
 
-def _materialize(job: PodJob, cluster, tmp_path, on_status=None):
+def _materialize(job: PodJob, cluster, tmp_path, on_status=None, **kw):
     instance = DagsterInstance.ephemeral()
-    result = materialize([_pods_asset(job, cluster, on_status)], resources={"k8s": launcher(tmp_path)}, instance=instance, raise_on_error=False)
+    result = materialize([_pods_asset(job, cluster, on_status)], resources={"k8s": launcher(tmp_path, **kw)}, instance=instance, raise_on_error=False)
     logs = [e.message for e in instance.all_logs(result.run_id)]
     return result, logs
+
+
+def _within(seconds: float, cluster: FakeKubernetes, fn):
+    """(fn(), how long it took); after `seconds` the fake cluster is shut down (its pods killed, its
+    log streams ended), so that a launcher that would hang fails the test instead."""
+    watchdog = threading.Timer(seconds, cluster.close)
+    watchdog.start()
+    start = time.monotonic()
+    try:
+        return fn(), time.monotonic() - start
+    finally:
+        watchdog.cancel()
 
 
 def test_a_failed_pod_restarts_the_whole_set_and_every_attempt_is_cleaned_up(cluster, tmp_path):
@@ -178,13 +203,17 @@ def test_a_set_that_fails_more_often_than_it_may_restart_fails_the_step_with_eve
 
 
 def test_a_terminated_run_deletes_its_pods_while_they_run(cluster, tmp_path):
-    """Dagster terminates a run by signalling its step process: the interrupt arrives while the
-    driver reads pod 0's logs."""
+    """Dagster terminates a run by signalling its step process: the interrupt arrives in the main
+    thread, which waits for the Job while pod 0's logs are read beside it."""
 
-    def interrupt(pod_name: str) -> None:
-        raise DagsterExecutionInterruptedError()
+    following = threading.Event()
 
-    cluster.on_log_follow = interrupt
+    def interrupt(job_name: str) -> None:  # the signal, once pod 0's logs are being read
+        if following.is_set():
+            raise DagsterExecutionInterruptedError()
+
+    cluster.on_log_follow = lambda pod_name: following.set()
+    cluster.on_job_status = interrupt
     job = PodJob(name="stopped", nodes=2, command=(sys.executable, "-c", "import time; time.sleep(60)"))
     result, _ = _materialize(job, cluster, tmp_path)
     assert not result.success
@@ -210,3 +239,93 @@ def test_a_run_marked_canceling_stops_waiting_and_deletes_its_pods(cluster, tmp_
     assert error_classes(result) >= {PodJobTerminated.__name__}
     assert "the run stopped while Job" in failure_message(result)
     nothing_left(cluster)
+
+
+HANG = "import time\nprint('pod up', flush=True)\ntime.sleep(600)\n"  # never exits on its own
+
+
+def test_a_hung_pod_0_whose_log_never_ends_fails_at_the_jobs_deadline(cluster, tmp_path):
+    """Pod 0 hangs and its log stream never ends (a stalled connection). The Job's deadline fails
+    the Job; the launcher sees it through its wait for the Job, not through the stream, deletes
+    everything and reports the deadline. (Reading the stream first, as dagster-k8s does, would
+    wait on it for ever.)"""
+    cluster.stalled_logs = {0}
+    job = PodJob(name="hung", nodes=2, command=(sys.executable, "-c", HANG), active_deadline_s=3, max_restarts=0)
+    (result, _), took = _within(60, cluster, lambda: _materialize(job, cluster, tmp_path))
+    assert not result.success and took < 30
+    message = failure_message(result)
+    assert "failed 1 time(s) (0 restart(s) allowed)" in message and "DeadlineExceeded" in message
+    assert error_classes(result) >= {PodJobFailed.__name__}
+    nothing_left(cluster)
+
+
+def test_a_run_canceled_while_pod_0_hangs_stops_at_once(cluster, tmp_path):
+    """Pod 0 runs, logs nothing more, never exits; the run is marked CANCELING from elsewhere two
+    seconds in. The wait for the Job watches the run beside the log stream: the step stops within a
+    few polls, long before the Job's deadline (an hour), and the pods and Service are deleted."""
+    job = PodJob(name="hung-cancel", nodes=2, command=(sys.executable, "-c", HANG), active_deadline_s=3600)
+    started = time.monotonic()
+
+    def cancel(context) -> None:
+        run = context.instance.get_run_by_id(context.run_id)
+        if run.status.value == "STARTED" and time.monotonic() - started > 2:
+            context.instance.report_run_canceling(run)
+
+    (result, _), took = _within(60, cluster, lambda: _materialize(job, cluster, tmp_path, on_status=cancel))
+    assert not result.success and took < 30
+    assert error_classes(result) >= {PodJobTerminated.__name__}
+    nothing_left(cluster)
+
+
+def test_a_succeeded_job_whose_pod_0_log_stalls_keeps_its_result_and_says_so(cluster, tmp_path):
+    """The Job succeeded (every pod exited 0) but pod 0's log stream does not end: the step succeeds
+    after `log_drain_timeout_s`, with a warning that rank 0's last messages may be missing."""
+    cluster.stalled_logs = {0}
+    job = PodJob(name="stalled", nodes=2, command=(sys.executable, "-c", REPORT))
+    (result, logs), took = _within(60, cluster, lambda: _materialize(job, cluster, tmp_path, log_drain_timeout_s=1.0))
+    assert result.success, failure_message(result)
+    assert any("pod 0's log stream" in m and "had not ended 1 s later" in m for m in logs), logs
+    nothing_left(cluster)
+
+
+def test_pod_0_is_found_on_a_cluster_older_than_kubernetes_1_28(tmp_path):
+    """Before 1.28 the Job controller sets the completion index as a pod annotation only (the label
+    came in 1.28): pod 0 is found by the annotation, which every version with Indexed Jobs sets."""
+    fake = CLUSTER["current"] = FakeKubernetes(rbac=driver_account(), index_label=False)
+    try:
+        job = PodJob(name="old-cluster", nodes=2, command=(sys.executable, "-c", REPORT))
+        result, logs = _materialize(job, fake, tmp_path)
+        assert result.success, failure_message(result)
+        assert json.loads(next(m for m in logs if m.startswith("messages: "))[len("messages: ") :]) == [{"master": "127.0.0.1", "index": "0"}]
+        nothing_left(fake)
+        assert fake.denied == []
+    finally:
+        fake.close()
+
+
+# The Role the user-deployments subchart gives its own account (charts/dagster-user-deployments/
+# templates/role.yaml): jobs and pods, no services.
+SUBCHART_ROLE = [
+    {"apiGroups": ["batch"], "resources": ["jobs", "jobs/status", "cronjobs"], "verbs": ["*"]},
+    {"apiGroups": [""], "resources": ["pods", "pods/log", "pods/status"], "verbs": ["*"]},
+]
+
+
+def test_a_driver_without_the_rbac_role_fails_at_once_and_says_what_to_apply(tmp_path):
+    """What the runs met when they ran as the subchart's own account: its Role has no services, the
+    first Service creation is a 403. The step fails at once (no whole-set restarts: retrying cannot
+    grant a permission), naming the account's source and deploy/k8s/rbac.yaml, and leaves nothing."""
+    account = "system:serviceaccount:dagster-rl:dagster-dagster-user-deployments-user-deployments"
+    fake = CLUSTER["current"] = FakeKubernetes(rbac=(account, SUBCHART_ROLE))
+    try:
+        job = PodJob(name="forbidden", nodes=2, command=(sys.executable, "-c", REPORT), max_restarts=2)
+        result, _ = _materialize(job, fake, tmp_path)
+        assert not result.success
+        message = failure_message(result)
+        assert "HTTP 403 Forbidden" in message and f'User \\"{account}\\" cannot create resource \\"services\\"' in message
+        assert "global.serviceAccountName" in message and "kubectl apply -f deploy/k8s/rbac.yaml" in message
+        assert fake.denied == [("", "services", "create"), ("", "services", "delete")]  # the cleanup tried too
+        assert [v for v, o in fake.calls if v == "create"] == []  # nothing was created; no restart was tried
+        nothing_left(fake)
+    finally:
+        fake.close()
