@@ -53,3 +53,19 @@ class InvalidArtifactKeyError(DagsterRLError):
 
 class StoreWriteError(DagsterRLError):
     """The artifact store refused a write (read-only, full, unreachable)."""
+
+
+class StoreLinkError(DagsterRLError):
+    """A symbolic link stands in place of one of the artifact store's folders: never followed."""
+
+    retryable = False
+
+    def __init__(self, message: str, path: str = ""):
+        super().__init__(message)
+        self.path = path  # the link
+
+
+class DagsterHomeError(DagsterRLError):
+    """DAGSTER_HOME is unset: Dagster would use a throwaway instance and lose the runs' records."""
+
+    retryable = False
