@@ -19,6 +19,7 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from assets.driver import CHAIN, step_assets
 from assets.experiments import experiments_dir, problems, read
+from assets.predecessor import artifact_of
 from dagster_rl.errors import CorruptArtifactError, DagsterRLError, StoreLinkError
 from dagster_rl.experiment import Experiment, step_key
 from dagster_rl.lineage import trace
@@ -77,13 +78,6 @@ def _artifact_present(instance: DagsterInstance, exp: Experiment, asset: str, st
         return md is not None and store.exists(*artifact_of(md, asset))
     except DagsterRLError:
         return False
-
-
-def artifact_of(md: dict, asset: str) -> tuple[str, str]:
-    """(kind, key) of the artifact a materialization names (`artifact_path` is `<kind>/<key>`,
-    relative to the store; older ones name only the key, of the asset's kind), key checked."""
-    kind, _, key = str(md.get("artifact_path", f"{asset}/{md.get('artifact_key')}")).partition("/")
-    return kind, check_key(key, f"artifact key {key!r} of a materialization of {asset}")
 
 
 def format_table(rows: list[dict[str, str]]) -> str:

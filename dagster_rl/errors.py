@@ -45,6 +45,14 @@ class CorruptArtifactError(DagsterRLError):
     """A stored artifact does not match its manifest (or has none that can be read)."""
 
 
+class ArtifactMismatchError(DagsterRLError):
+    """A stored artifact's content hash differs from the one Dagster's event log recorded for it:
+    consistently changed (files and manifest together), or pointed to by a materialization that is
+    not the step's own. The step stops; the fix is to re-run from the step that makes it."""
+
+    retryable = False
+
+
 class InvalidArtifactKeyError(DagsterRLError):
     """A key, kind or file name is not of the form the store builds paths from: never a path."""
 

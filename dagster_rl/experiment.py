@@ -6,7 +6,7 @@ Each task subclasses `Experiment` with its own `task`, rubric and training setti
 
 from typing import Any, ClassVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from dagster_rl.hashing import content_hash
 from dagster_rl.pods import PodResources
@@ -49,6 +49,7 @@ class Experiment(Strict):
     driver_pod: PodResources | None = Field(
         None, description="on Kubernetes (k8s_job_executor): what the driver's step pod needs (and in-process rollouts)"
     )
+    _fork_root: str | None = PrivateAttr(None)  # set by `experiment_files` when it resolves a chain of forks
 
     @field_validator("n_samples")
     @classmethod
@@ -85,6 +86,16 @@ class Experiment(Strict):
     def backends(self) -> dict[str, str]:
         """The backend this experiment runs in the rollout and trainer environments, by name."""
         return {"rollout": "in_process", "trainer": "in_process"}
+
+    @property
+    def family(self) -> str:
+        """The experiment whose artifact cache this one shares: the root of its chain of forks (itself
+        when it is no fork). Trained weights record it, and it is in their key, so a fork and its
+        parent (and their forks) reuse each other's steps, the driver refuses the weights of any
+        other experiment, and an experiment that merely has the same settings under another name
+        computes its own weights. (Built directly rather than read from files, a fork's family is
+        its `fork_of`.)"""
+        return self._fork_root or self.fork_of or self.name
 
     @property
     def n_trials_planned(self) -> int:

@@ -105,12 +105,18 @@ def read_experiments(directory: Path) -> ExperimentFiles:
         inherited = {k: v for k, v in resolved(parent, seen + (parent,)).items() if k not in ("description", "fork_of")}
         return _merge(inherited, raw)
 
+    def root(name: str) -> str:
+        parent = by_name[name][1].get("fork_of")
+        return name if parent is None else root(parent)  # resolved() refused missing parents and cycles
+
     experiments = {}
     for name, (path, _) in by_name.items():
         try:
             experiments[name] = _validate(path, resolved(name, (name,)))
         except ExperimentError as e:
             errors[str(path)] = str(e)
+            continue
+        experiments[name]._fork_root = root(name)  # its cache family (Experiment.family)
     return ExperimentFiles(experiments, errors)
 
 

@@ -48,6 +48,7 @@ import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
@@ -58,6 +59,7 @@ from pydantic import BaseModel
 from dagster_rl import nofollow
 from dagster_rl.errors import (
     ArtifactConflictError,
+    ArtifactMismatchError,
     CorruptArtifactError,
     DagsterRLError,
     InvalidArtifactKeyError,
@@ -100,6 +102,15 @@ def _check_name(kind: str, key: str, name: Any) -> str:
     return name
 
 
+@dataclass
+class Recorded:
+    """What an independent record (Dagster's event log) says of one artifact (`ArtifactStore.expect`)."""
+
+    what: str  # e.g. "demo/rollouts 0003"
+    fix: str  # what to do when the store holds other content, e.g. "re-run the range from step 0003"
+    hashes: set[str] = field(default_factory=set)
+
+
 class ArtifactRef(BaseModel):
     kind: str
     key: str
@@ -124,6 +135,25 @@ class ArtifactStore:
         self._real = os.path.realpath(self.root) if self._nofollow else self.root  # the root may be a link
         self.warn: Warn = warn or (lambda message: None)
         self.quarantine = quarantine  # False: a read-only command; nothing is moved
+        self._recorded: dict[tuple[str, str], Recorded] = {}  # what Dagster's event log says of artifacts (`expect`)
+
+    def expect(self, kind: str, key: str, content_hash: str, what: str, fix: str) -> None:
+        """An independent record (a Dagster materialization, `what`) says the artifact under (kind, key)
+        has `content_hash`: a read that finds other content stops with `ArtifactMismatchError`, which
+        names both hashes and says `fix` (e.g. "re-run the range from step 0003"). A consistent
+        change of an artifact's files and manifest passes the manifest's own hashes; not this."""
+        recorded = self._recorded.setdefault((_check_kind(kind), check_key(key)), Recorded(what=what, fix=fix))
+        recorded.hashes.add(content_hash)
+
+    def _compare_with_record(self, kind: str, key: str, manifest: dict[str, str]) -> None:
+        recorded = self._recorded.get((kind, key))
+        stored = content_hash({"files": manifest})
+        if recorded is not None and stored not in recorded.hashes:
+            raise ArtifactMismatchError(
+                f"artifact {kind}/{key} is not what Dagster recorded: the materialization of {recorded.what} recorded "
+                f"content hash {' or '.join(sorted(recorded.hashes))}, the store holds {stored} (its files and manifest "
+                "were changed together after the step stored them, or the materialization is not the step's own)."
+            )
 
     def _dir(self, kind: str, key: str) -> str:
         return f"{self.root}/{_check_kind(kind)}/{check_key(key)}"
@@ -184,7 +214,9 @@ class ArtifactStore:
                 raise TypeError("files is not a mapping of names to hashes")
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptArtifactError(f"artifact {kind}/{key} has an unreadable {MANIFEST} ({len(raw)} bytes: {e})") from None
-        return {_check_name(kind, key, name): digest for name, digest in files.items()}
+        manifest = {_check_name(kind, key, name): digest for name, digest in files.items()}
+        self._compare_with_record(kind, key, manifest)
+        return manifest
 
     def _read(self, kind: str, key: str, name: str, manifest: dict[str, str]) -> bytes:
         if name not in manifest:
@@ -203,6 +235,10 @@ class ArtifactStore:
         """read(), moving the artifact aside when it turns out corrupt (and re-raising, with where it went)."""
         try:
             return read()
+        except ArtifactMismatchError as e:
+            fix = self._recorded[(kind, key)].fix
+            moved = self.move_aside(kind, key, reason="mismatch") if self.quarantine else "Nothing was moved (a read-only command)."
+            raise ArtifactMismatchError(f"{e} {moved} Then {fix}: the step computes it again.") from None
         except CorruptArtifactError as e:
             if not self.quarantine:
                 raise CorruptArtifactError(
@@ -246,7 +282,7 @@ class ArtifactStore:
             manifest = self._manifest(kind, key)
             for name in manifest:
                 self._read(kind, key, name, manifest)
-        except (CorruptArtifactError, MissingArtifactError, InvalidArtifactKeyError, StoreLinkError) as e:
+        except (CorruptArtifactError, MissingArtifactError, InvalidArtifactKeyError, StoreLinkError, ArtifactMismatchError) as e:
             return e
         return None
 
@@ -261,6 +297,7 @@ class ArtifactStore:
         manifest = {_check_name(kind, key, name): sha256_hex(data) for name, data in sorted(files.items())}
         folder = self._dir(kind, key)
         if not self.exists(kind, key):
+            self._recorded.pop((kind, key), None)  # what this run writes now is what its materialization records
             try:
                 self._commit(kind, key, folder, files, manifest)
             except nofollow.LinkFound as e:
@@ -348,6 +385,7 @@ class ArtifactStore:
             return f"It could not be moved aside: {self._link_message(e)}"
         except OSError as e:
             return f"It could not be moved aside ({e}): move or delete {self._dir(kind, key)} by hand, then re-run."
+        self._recorded.pop((kind, key), None)  # what is computed again in its place is recorded anew
         return f"It was moved aside to {target}, so that the step that makes it computes it again."
 
     def move_link_aside(self, error: StoreLinkError) -> str:

@@ -54,7 +54,7 @@ def test_not_yaml_is_refused_with_the_file_name(tmp_path):
 def test_one_bad_file_leaves_the_others_usable_and_its_error_visible(tmp_path):
     folder = write_experiments(tmp_path / "exp", demo_settings(), demo_settings(name="broken", n_samples=1))
     (folder / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
-    env = {"DAGSTER_RL_EXPERIMENTS": str(folder), "PATH": "/usr/bin:/bin"}
+    env = {"DAGSTER_RL_EXPERIMENTS": str(folder), "PATH": "/usr/bin:/bin", "DAGSTER_HOME": str(tmp_path)}
 
     def python(code: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
