@@ -86,6 +86,12 @@ def test_a_fork_inherits_its_parent_and_overrides_what_it_names(tmp_path):
     assert child.training_hash() != parent.training_hash()
 
 
+def test_the_cache_family_of_a_chain_of_forks_is_its_root(tmp_path):
+    forks = [{"name": "demo_a", "fork_of": "demo"}, {"name": "demo_b", "fork_of": "demo_a"}]
+    exps = load(tmp_path, demo_settings(), *forks, demo_settings(name="copy"))
+    assert {n: e.family for n, e in exps.items()} == {"demo": "demo", "demo_a": "demo", "demo_b": "demo", "copy": "copy"}
+
+
 def test_a_fork_of_an_unknown_parent_is_refused(tmp_path):
     with pytest.raises(ExperimentError, match="field 'fork_of': no experiment named 'nope'"):
         load(tmp_path, demo_settings(name="orphan", fork_of="nope"))
