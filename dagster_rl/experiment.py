@@ -8,18 +8,19 @@ from typing import Any, ClassVar
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from dagster_rl import bounds
 from dagster_rl.hashing import content_hash
 from dagster_rl.pods import PodResources
 from dagster_rl.strict import Strict  # noqa: F401 - settings modules import it from here
 
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
-MAX_TRIALS_PER_STEP = 65_536  # planned work a step may hold: prompts_per_step x n_samples
+MAX_TRIALS_PER_STEP = 65_536  # planned work a step may hold: prompts_per_step x n_samples (see `dagster_rl.bounds`)
 
 
 class Faults(Strict):
     """Seeded fault injection, active on the first attempt only."""
 
-    crash_driver_at_step: int = Field(-1, ge=-1, description="-1: never")
+    crash_driver_at_step: int = Field(-1, ge=-1, le=bounds.MAX_STEPS, description="-1: never")
     flaky_trial_rate: float = Field(0.0, ge=0.0, lt=1.0)
     judge_flake_rate: float = Field(0.0, ge=0.0, lt=1.0)
     step_delay_s: float = Field(
@@ -39,8 +40,8 @@ class Experiment(Strict):
     name: str = Field(pattern=IDENTIFIER, description="names the asset group and the jobs")
     description: str = ""
     fork_of: str | None = Field(None, pattern=IDENTIFIER)
-    seed: int = 0
-    n_steps: int = Field(ge=1, le=9999)
+    seed: int = Field(0, ge=bounds.SEED_MIN, le=bounds.SEED_MAX, description="64-bit")
+    n_steps: int = Field(ge=1, le=bounds.MAX_STEPS)
     prompts_per_step: int = Field(ge=1, le=MAX_TRIALS_PER_STEP // 2)
     n_samples: int = Field(description="samples per prompt: the GRPO group size", le=MAX_TRIALS_PER_STEP // 2)
     min_trials_per_step: int = Field(1, ge=1)
