@@ -59,6 +59,12 @@ class InvalidArtifactKeyError(DagsterRLError):
     retryable = False
 
 
+class SandboxError(DagsterRLError):
+    """The rollout environment's sandbox root cannot hold sandboxes (a file, read-only, missing)."""
+
+    retryable = False
+
+
 class StoreWriteError(DagsterRLError):
     """The artifact store refused a write (read-only, full, unreachable)."""
 

@@ -346,3 +346,17 @@ def test_without_dagster_home_the_code_location_and_the_cli_refuse_with_the_line
         assert done.returncode != 0, (argv, done.stdout, done.stderr)
         assert "DAGSTER_HOME is not set" in done.stderr and "export DAGSTER_HOME=$PWD/.dagster_home" in done.stderr, done.stderr
     assert not (tmp_path / ".dagster_home").exists()
+
+
+def test_a_sandbox_root_that_is_a_file_fails_the_run_naming_it(lab, tmp_path):
+    """Finding 7: a sandbox_root that was a file gave 24 trial failures of `NotADirectoryError(20, 'Not a directory')`."""
+    from resources import RolloutEnvironment
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    bad = lab("sandbox", demo_settings(), rollout=RolloutEnvironment(sandbox_root=str(a_file)))
+    result = bad.run("demo", "0000", "0000", raise_on_error=False)
+    message = failure_message(result)
+    assert f"the sandbox folder {a_file}/dagster_rl_sandboxes (the rollout environment's sandbox_root" in message
+    assert f"cannot hold sandboxes: Not a directory ({a_file}/dagster_rl_sandboxes)" in message
+    assert bad.instance.get_run_by_id(result.run_id).tags["dagster/retry_on_asset_or_op_failure"] == "false"
