@@ -392,15 +392,16 @@ class ArtifactStore:
         """Move a link that stands in place of one of the store's folders to the quarantine (its
         target is not touched); say what was done."""
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-        name = os.path.basename(error.path)
+        parts = os.path.relpath(error.path, self.root).split(os.sep)
+        name = f"{'.'.join(parts)}.{stamp}.link"
         try:
-            with nofollow.folder(self._real, ["quarantine", "links"], create=True) as q_fd, nofollow.folder(self._real, []) as root_fd:
-                if not nofollow.is_link(root_fd, name):
+            with nofollow.folder(self._real, ["quarantine", "links"], create=True) as q_fd, nofollow.folder(self._real, parts[:-1]) as fd:
+                if not nofollow.is_link(fd, parts[-1]):
                     return f"{error.path} is no longer a link"
-                os.rename(name, f"{name}.{stamp}.link", src_dir_fd=root_fd, dst_dir_fd=q_fd)
+                os.rename(parts[-1], name, src_dir_fd=fd, dst_dir_fd=q_fd)
         except (OSError, nofollow.LinkFound) as e:
             return f"the link {error.path} could not be moved aside ({e}): remove it by hand"
-        return f"moved the link {error.path} to {self.root}/quarantine/links/{name}.{stamp}.link (its target is untouched)"
+        return f"moved the link {error.path} to {self.root}/quarantine/links/{name} (its target is untouched)"
 
     # ---- cache -----------------------------------------------------------------------------
 

@@ -280,3 +280,18 @@ def test_a_read_only_command_moves_nothing(tmp_path):
     with pytest.raises(CorruptArtifactError, match=r"Nothing was moved \(a read-only command\): `dagster-rl verify <experiment> --repair`"):
         reader.get("rollouts", K, "data.json")
     assert reader.exists("rollouts", K) and not (tmp_path / "quarantine").exists()
+
+
+def test_a_link_in_place_of_a_partials_folder_is_refused_and_can_be_moved_aside(tmp_path):
+    from dagster_rl.errors import StoreLinkError
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    store = ArtifactStore(f"file://{tmp_path}/store")
+    store.put_partial("rollouts", K, {"data.json": b"part"}, ["s0-p0-n0"])
+    (tmp_path / "store" / "partials" / "rewards").symlink_to(outside)
+    with pytest.raises(StoreLinkError) as err:
+        store.put_partial("rewards", K, {"data.json": b"part"}, ["s0-p0-n0"])
+    assert list(outside.iterdir()) == []
+    assert store.move_link_aside(err.value).startswith(f"moved the link {tmp_path}/store/partials/rewards to")
+    assert store.put_partial("rewards", K, {"data.json": b"part"}, ["s0-p0-n0"]).key == store.partial("rewards", K)
