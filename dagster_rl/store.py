@@ -238,7 +238,7 @@ class ArtifactStore:
         except ArtifactMismatchError as e:
             fix = self._recorded[(kind, key)].fix
             moved = self.move_aside(kind, key, reason="mismatch") if self.quarantine else "Nothing was moved (a read-only command)."
-            raise ArtifactMismatchError(f"{e} {moved} Then {fix}: the step computes it again.") from None
+            raise ArtifactMismatchError(f"{e} {moved} Then {fix}.") from None
         except CorruptArtifactError as e:
             if not self.quarantine:
                 raise CorruptArtifactError(

@@ -14,7 +14,7 @@ DAGSTER_HOME_UNSET = (
     "DAGSTER_HOME is not set: Dagster would record runs in a throwaway instance, deleted when the command "
     "ends, while their artifacts stayed on disk. Set it to the folder that keeps the instance, e.g.\n"
     "    export DAGSTER_HOME=$PWD/.dagster_home\n"
-    "(`make demo` and `make ui` use .dagster_home; a new folder needs `dagster instance migrate` once)"
+    "(`make demo` and `make ui` use .dagster_home)"
 )
 
 

@@ -202,7 +202,7 @@ def test_rollouts_changed_with_their_manifest_are_caught_by_verify_and_stop_the_
 
     message = failure_message(lab.run("demo", "0000", "0003", raise_on_error=False))
     assert f"artifact rollouts/{before['artifact_key']} is not what Dagster recorded: the materialization of demo/rollouts 0001 recorded content hash {before['content_hash']}, the store holds {stored}" in message
-    assert "It was moved aside to" in message and "Then re-run the range from step 0001: the step computes it again." in message
+    assert "It was moved aside to" in message and "Then re-run the range from step 0001." in message
     assert lab.latest("demo", "rollouts", "0001")["content_hash"] == before["content_hash"], "nothing was materialized from it"
     assert lab.run("demo", "0000", "0003").success  # the fix the error names
     redone = lab.latest("demo", "rollouts", "0001")
@@ -222,7 +222,7 @@ def test_predecessor_weights_changed_with_their_manifest_are_refused_naming_both
     stored = lab.store().ref("weights", md["artifact_key"]).content_hash
     message = failure_message(lab.run("demo", "0003", "0003", raise_on_error=False))
     assert f"the materialization of demo/weights 0002 recorded content hash {md['content_hash']}, the store holds {stored}" in message
-    assert "Then re-run the range from step 0002: the step computes it again." in message
+    assert "Then re-run the range from step 0002." in message
     assert lab.run("demo", "0002", "0003").success
     assert lab.latest("demo", "weights", "0002")["content_hash"] == md["content_hash"]
 
