@@ -163,30 +163,30 @@ def cmd_verify(args: argparse.Namespace) -> None:
     hash with the one the materialization recorded; report each bad one (`--repair`: move it aside)."""
     exp = _experiment(args.experiment)
     store = _store(args, repair=args.repair)
-    checked, bad, first_bad = 0, [], None
+    checked, bad = 0, []  # bad: (step, what is wrong, what --repair did)
     with _instance() as instance:
         for step, asset, md in _materializations(instance, exp):
             checked += 1
             problem, fix = artifact_problem(store, md, asset)
-            if problem is None:
-                continue
-            where = f"{asset} {step}" if step else asset
-            bad.append(f"{where}: {problem}")
-            first_bad = first_bad or step or "0000"
-            if args.repair and fix is not None:
-                bad.append(f"  repaired: {fix()}")
-    print(f"verified {checked} artifacts of {exp.name} in {store.url}: {sum(not b.startswith('  ') for b in bad)} bad")
-    for line in bad:
-        print(f"  BAD {line}" if not line.startswith("  ") else f"  {line}")
-    if bad:
-        if args.repair:
-            print(f"Re-run from step {first_bad}: what was moved aside is computed again (the same bytes: everything is seeded).")
-        else:
-            print(
-                f"`dagster-rl verify {exp.name} --repair` moves the bad artifacts aside (so does the next run that reads one, "
-                f"and computes it again); then re-run from step {first_bad}."
-            )
-        sys.exit(1)
+            if problem is not None:
+                repaired = fix() if args.repair and fix is not None else None
+                bad.append((step, f"{asset} {step}".rstrip(), problem, repaired))
+    print(f"verified {checked} artifacts of {exp.name} in {store.url}: {len(bad)} bad")
+    for _, where, problem, repaired in bad:
+        print(f"  BAD {where}: {problem}")
+        if repaired:
+            print(f"    repaired: {repaired}")
+    if not bad:
+        return
+    first = min(step or "0000" for step, *_ in bad)  # the warm-up ('') comes before step 0000
+    if args.repair:
+        print(f"Re-run from step {first}: what was moved aside is computed again (the same bytes: everything is seeded).")
+    else:
+        print(
+            f"`dagster-rl verify {exp.name} --repair` moves the bad artifacts aside (so does the next run that reads one, "
+            f"and computes it again); then re-run from step {first}."
+        )
+    sys.exit(1)
 
 
 def _materializations(instance: DagsterInstance, exp: Experiment):
