@@ -169,7 +169,7 @@ class ArtifactStore:
                 with nofollow.folder(self._real, [kind]) as kind_fd:
                     if nofollow.is_link(kind_fd, key):
                         return True
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):  # no store yet, or a file where a folder should be
                 return False
             return nofollow.lexists(self._real, [kind, key, MANIFEST])
 

@@ -295,3 +295,12 @@ def test_a_link_in_place_of_a_partials_folder_is_refused_and_can_be_moved_aside(
     assert list(outside.iterdir()) == []
     assert store.move_link_aside(err.value).startswith(f"moved the link {tmp_path}/store/partials/rewards to")
     assert store.put_partial("rewards", K, {"data.json": b"part"}, ["s0-p0-n0"]).key == store.partial("rewards", K)
+
+
+def test_a_store_whose_root_is_missing_or_a_file_holds_nothing_and_says_why_it_cannot_write(tmp_path):
+    assert not ArtifactStore(f"file://{tmp_path}/missing").exists("weights", K)
+    (tmp_path / "a_file").write_text("x")
+    store = ArtifactStore(f"file://{tmp_path}/a_file")
+    assert not store.exists("weights", K)
+    with pytest.raises(StoreWriteError, match=rf"could not write artifact weights/{K} to the store at file://{tmp_path}/a_file"):
+        store.put("weights", K, {"data.json": b"w"})
