@@ -116,8 +116,9 @@ def _check_trained_by(exp: Experiment, prev: str, artifact: str, trained: dict, 
     ours = exp.name if exp.family == exp.name else f"{exp.name}'s cache family {exp.family} (the root of its forks)"
     if not trained:
         made = f"which holds no record of a training step ({STATS}): initial or warm-up weights, not those of step {prev}"
-    elif family is None:
+    elif family is None:  # every earlier step's weights are as old: the chain is computed again from step 0
         made = f"whose record ({STATS}, written by an older dagster-rl) names step {step} but no experiment"
+        rerun = "re-run the range from 0000 (the rollouts and rewards of step 0000 are reused; weights are trained again)"
     else:
         made = f"which step {step_key(int(step)) if isinstance(step, int) else step} of experiment {family} trained ({STATS})"
     raise MissingPredecessorError(

@@ -360,3 +360,16 @@ def test_a_sandbox_root_that_is_a_file_fails_the_run_naming_it(lab, tmp_path):
     assert f"the sandbox folder {a_file}/dagster_rl_sandboxes (the rollout environment's sandbox_root" in message
     assert f"cannot hold sandboxes: Not a directory ({a_file}/dagster_rl_sandboxes)" in message
     assert bad.instance.get_run_by_id(result.run_id).tags["dagster/retry_on_asset_or_op_failure"] == "false"
+
+
+def test_weights_stored_before_they_recorded_their_experiment_say_to_start_from_0000():
+    from assets.predecessor import _check_trained_by
+    from dagster_rl.errors import MissingPredecessorError
+    from dagster_rl.experiment_files import parse_experiment
+
+    exp = parse_experiment(demo_settings())
+    _check_trained_by(exp, "0002", "k" * 64, {"step": 2, "experiment": "demo"}, "re-run the range from step 0002")  # its own: accepted
+    with pytest.raises(MissingPredecessorError, match=r"names step 2 but no experiment; .* To fix, re-run the range from 0000"):
+        _check_trained_by(exp, "0002", "k" * 64, {"step": 2}, "re-run the range from step 0002")
+    with pytest.raises(MissingPredecessorError, match=r"holds no record of a training step \(stats.json\): initial or warm-up weights"):
+        _check_trained_by(exp, "0002", "k" * 64, {}, "re-run the range from step 0002")
