@@ -4,23 +4,28 @@ subcommands tasks add (`dagster-rl serve`: a model over vLLM's OpenAI-compatible
 
 Artifacts are found by the key a materialization records, checked to be a content key, under the
 store given here: metadata never becomes a path, and a moved DAGSTER_HOME or store still works.
+`status`, `lineage` and `verify` only read: a bad artifact is reported, never moved; `verify
+--repair` moves the bad ones to the store's quarantine (as a run that reads them would).
 """
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from assets.driver import CHAIN, step_assets
 from assets.experiments import experiments_dir, problems, read
-from dagster_rl.errors import DagsterRLError
+from assets.predecessor import artifact_of
+from dagster_rl.errors import CorruptArtifactError, DagsterRLError, StoreLinkError
 from dagster_rl.experiment import Experiment, step_key
 from dagster_rl.lineage import trace
 from dagster_rl.store import ArtifactStore, check_key
 from dagster_rl.task import BUILTIN_TASKS, task_of
-from resources.artifact_store import default_artifact_url
+from resources.artifact_store import DAGSTER_HOME_UNSET, default_artifact_url
 
 COLUMNS = ("step", "state", "cache", "trials", "mean_reward", "success", "mean_turns", "weights_v", "attempt")
 
@@ -75,13 +80,6 @@ def _artifact_present(instance: DagsterInstance, exp: Experiment, asset: str, st
         return False
 
 
-def artifact_of(md: dict, asset: str) -> tuple[str, str]:
-    """(kind, key) of the artifact a materialization names (`artifact_path` is `<kind>/<key>`,
-    relative to the store; older ones name only the key, of the asset's kind), key checked."""
-    kind, _, key = str(md.get("artifact_path", f"{asset}/{md.get('artifact_key')}")).partition("/")
-    return kind, check_key(key, f"artifact key {key!r} of a materialization of {asset}")
-
-
 def format_table(rows: list[dict[str, str]]) -> str:
     widths = {c: max(len(c), *(len(r.get(c, "")) for r in rows)) for c in COLUMNS}
     lines = ["  ".join(c.ljust(widths[c]) for c in COLUMNS)]
@@ -104,13 +102,21 @@ def _experiment(name: str) -> Experiment:
     sys.exit(f"dagster-rl: no experiment named {name!r} in {experiments_dir()}; known: {known}{more}")
 
 
-def _store(args: argparse.Namespace) -> ArtifactStore:
-    return ArtifactStore(args.artifacts or default_artifact_url())
+def _store(args: argparse.Namespace, repair: bool = False) -> ArtifactStore:
+    """The artifact store, read-only unless `repair` (verify --repair): nothing is moved aside."""
+    return ArtifactStore(args.artifacts or default_artifact_url(), quarantine=repair)
+
+
+def _instance() -> DagsterInstance:
+    """The instance of $DAGSTER_HOME; exits saying what to set when it is unset (never a throwaway one)."""
+    if not os.environ.get("DAGSTER_HOME", "").strip():
+        sys.exit(f"dagster-rl: {DAGSTER_HOME_UNSET}")
+    return DagsterInstance.get()
 
 
 def cmd_status(args: argparse.Namespace) -> None:
     exp = _experiment(args.experiment)
-    with DagsterInstance.get() as instance:
+    with _instance() as instance:
         rows = step_rows(instance, exp, _store(args))
     if not args.all:
         last = max((i for i, r in enumerate(rows) if r["state"] != "-"), default=-1)
@@ -130,7 +136,7 @@ def parse_step(exp: Experiment, text: str) -> str:
 def cmd_lineage(args: argparse.Namespace) -> None:
     exp = _experiment(args.experiment)
     step = parse_step(exp, args.step)
-    with DagsterInstance.get() as instance:
+    with _instance() as instance:
         md = latest(instance, exp, "weights", step)
     if md is None:
         sys.exit(f"dagster-rl: {exp.name}/weights has no materialization for step {step}; run it first")
@@ -153,29 +159,74 @@ def cmd_lineage(args: argparse.Namespace) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
-    """Re-hash every artifact the experiment's latest materializations name; report each bad one."""
+    """Re-hash every artifact the experiment's latest materializations name and compare its content
+    hash with the one the materialization recorded; report each bad one (`--repair`: move it aside)."""
     exp = _experiment(args.experiment)
-    store = _store(args)
-    checked, bad = 0, []
-    with DagsterInstance.get() as instance:
-        for step in exp.step_keys:
-            for asset in step_assets(exp):
-                md = latest(instance, exp, asset, step)
-                if md is None:
-                    continue
-                checked += 1
-                try:
-                    problem = store.verify(*artifact_of(md, asset))
-                except DagsterRLError as e:
-                    problem = str(e)
-                if problem:
-                    bad.append(f"{asset} {step}: {problem}")
+    store = _store(args, repair=args.repair)
+    checked, bad = 0, []  # bad: (step, what is wrong, what --repair did)
+    with _instance() as instance:
+        for step, asset, md in _materializations(instance, exp):
+            checked += 1
+            problem, fix = artifact_problem(store, md, asset)
+            if problem is not None:
+                repaired = fix() if args.repair and fix is not None else None
+                bad.append((step, f"{asset} {step}".rstrip(), problem, repaired))
     print(f"verified {checked} artifacts of {exp.name} in {store.url}: {len(bad)} bad")
-    for line in bad:
-        print(f"  BAD {line}")
-    if bad:
-        print("The next run that reads a bad artifact moves it aside and computes it again: re-run from the first bad step.")
-        sys.exit(1)
+    for _, where, problem, repaired in bad:
+        print(f"  BAD {where}: {problem}")
+        if repaired:
+            print(f"    repaired: {repaired}")
+    if not bad:
+        return
+    first = min(step or "0000" for step, *_ in bad)  # the warm-up ('') comes before step 0000
+    if args.repair:
+        print(f"Re-run from step {first}: what was moved aside is computed again (the same bytes: everything is seeded).")
+    else:
+        print(
+            f"`dagster-rl verify {exp.name} --repair` moves the bad artifacts aside (so does the next run that reads one, "
+            f"and computes it again); then re-run from step {first}."
+        )
+    sys.exit(1)
+
+
+def _materializations(instance: DagsterInstance, exp: Experiment):
+    """(step, asset, metadata) of the latest materialization of every step asset of every step, and
+    of the warm-up (`<exp>/sft`, step ''), when there is one."""
+    spec = task_of(exp.kind).warmup_of(exp)
+    if spec is not None:
+        records = instance.fetch_materializations(AssetKey([exp.name, spec.name]), limit=1).records
+        if records:
+            md = {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
+            yield "", spec.name, {"artifact_path": f"weights/{md.get('artifact_key')}", **md}  # a warm-up is weights
+    for step in exp.step_keys:
+        for asset in step_assets(exp):
+            md = latest(instance, exp, asset, step)
+            if md is not None:
+                yield step, asset, md
+
+
+def artifact_problem(store: ArtifactStore, md: dict, asset: str) -> tuple[str | None, Any]:
+    """What is wrong with the artifact a materialization names (its files, a link, or a content
+    hash other than the one the materialization recorded), and how `--repair` fixes it (or None)."""
+    try:
+        kind, key = artifact_of(md, asset)
+    except DagsterRLError as e:
+        return str(e), None
+    error = store.problem(kind, key)
+    if isinstance(error, StoreLinkError):
+        return str(error), lambda: store.move_link_aside(error)
+    if isinstance(error, CorruptArtifactError):
+        return str(error), lambda: store.move_aside(kind, key)
+    if error is not None:
+        return str(error), None
+    recorded, stored = md.get("content_hash"), store.ref(kind, key).content_hash
+    if recorded != stored:
+        return (
+            f"artifact {kind}/{key}: the materialization recorded content hash {recorded}, the store holds {stored} "
+            "(its files and manifest were changed together after the step, or the materialization was not the "
+            "step's own)"
+        ), lambda: store.move_aside(kind, key, reason="mismatch")
+    return None, None
 
 
 def _rubric_weights(rubric: dict) -> str:
@@ -200,8 +251,12 @@ def main(argv: list[str] | None = None) -> None:
     lineage.add_argument("step", help="step number, e.g. 7 or 0007")
     lineage.add_argument("--json", action="store_true", help="everything, every trial seed included, as JSON")
     lineage.set_defaults(fn=cmd_lineage)
-    verify = sub.add_parser("verify", help="re-hash every artifact of an experiment's steps; report each bad one (exit 1)")
+    verify = sub.add_parser(
+        "verify",
+        help="re-hash every artifact of an experiment's steps, compare it with its materialization; report each bad one (exit 1)",
+    )
     verify.add_argument("experiment")
+    verify.add_argument("--repair", action="store_true", help="move each bad artifact to the store's quarantine (nothing is deleted)")
     verify.set_defaults(fn=cmd_verify)
     for kind in BUILTIN_TASKS:  # the tasks' own subcommands (the language models' `serve`)
         for name, command in task_of(kind).commands.items():

@@ -37,6 +37,7 @@ from dagster import DagsterRunStatus, Executor, RunsFilter, executor, multiple_p
 from dagster._core.events import DagsterEvent
 from dagster._core.storage.dagster_run import DagsterRun
 from dagster_k8s import k8s_job_executor
+from sqlalchemy.exc import IntegrityError
 
 from assets.console import CONSOLE
 from resources.run_launcher import kill_and_wait, leftover_processes, process_alive, process_started_at
@@ -79,9 +80,19 @@ def process_gone(tag: str | None) -> tuple[bool, str]:
 
 
 def ensure_limit(instance, pool: str) -> None:
-    """Limit 1 on the pool unless the instance sets a limit for it (or a default limit)."""
-    if instance.event_log_storage.get_concurrency_info(pool).limit is None:
-        instance.event_log_storage.set_concurrency_slots(pool, 1)
+    """Limit 1 on the pool unless the instance sets a limit for it (or a default limit).
+
+    Runs that start at once on a fresh instance all find no limit and all insert one: the storage's
+    unique key on the pool lets one insert win and the others raise `IntegrityError`. For them the
+    limit is already set, which is all this asks; anything else is re-raised."""
+    storage = instance.event_log_storage
+    if storage.get_concurrency_info(pool).limit is not None:
+        return
+    try:
+        storage.set_concurrency_slots(pool, 1)
+    except IntegrityError:
+        if storage.get_concurrency_info(pool).limit is None:
+            raise
 
 
 def look_at_holders(instance, pool: str, experiment: str, me: DagsterRun, seen: set[str]) -> list[str]:

@@ -12,6 +12,7 @@ from assets.driver import build_driver, build_warmup
 from assets.experiments import problems, read
 from dagster_rl.experiment import Experiment
 from resources import ArtifactStoreResource, JudgeEnvironment
+from resources.artifact_store import dagster_home
 
 JUDGE_URL, JUDGE_MODEL, JUDGE_API_KEY = "DAGSTER_RL_JUDGE_URL", "DAGSTER_RL_JUDGE_MODEL", "DAGSTER_RL_JUDGE_API_KEY"
 
@@ -78,4 +79,11 @@ def _valid_experiments() -> dict[str, Experiment]:
     return files.experiments
 
 
-defs = build_definitions(_valid_experiments())
+def _code_location() -> Definitions:
+    """What Dagster loads. Refused when DAGSTER_HOME is unset: Dagster's CLI would then run it on a
+    throwaway instance and lose the runs' records (the error says what to set)."""
+    dagster_home()
+    return build_definitions(_valid_experiments())
+
+
+defs = _code_location()

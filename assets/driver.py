@@ -44,7 +44,7 @@ from dagster import (
 
 from assets.concurrency import experiment_pool
 from assets.console import CONSOLE
-from assets.predecessor import starting_weights
+from assets.predecessor import expect_recorded, starting_weights
 from dagster_rl.checks import CHECK_NAMES
 from dagster_rl.errors import CheckFailedError, DagsterRLError, SimulatedCrash
 from dagster_rl.experiment import Experiment, step_key
@@ -179,8 +179,10 @@ def build_warmup(exp: Experiment):
 
     def warmup(context: AssetExecutionContext, artifact_store: ArtifactStoreResource) -> MaterializeResult:
         die_with_parent()  # as the driver's step process
+        store = artifact_store.get_store(warn=context.log.warning)
+        expect_recorded(context.instance, exp, (), [], store, warmup_key(exp))  # the event log's record of it
         try:
-            result = spec.run(exp, artifact_store.get_store(warn=context.log.warning))
+            result = spec.run(exp, store)
         except DagsterRLError as e:
             _no_retry_unless_retryable(context, e)
             raise
@@ -274,6 +276,7 @@ def _drive(
     """Walk the run's range of steps in order; yield each step's materializations as it ends."""
     steps = _range_of(context, exp)
     store = artifact_store.get_store(warn=context.log.warning)
+    expect_recorded(context.instance, exp, step_assets(exp), steps, store, warmup_key(exp))  # the event log's record
     info = _run_info(context)
     if steps[0] == 0:
         yield from _ensure_warmup(context, exp, store)

@@ -9,11 +9,14 @@ and the time spent inside the steps, with the ratios Dagster / plain. Target: Da
 import argparse
 import statistics
 import sys
+import os
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# runs on an ephemeral instance: the code location's DAGSTER_HOME check needs a folder, any will do
+os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp(prefix="dagster-rl-bench-home-"))
 
 from dagster import DagsterInstance  # noqa: E402
 

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# runs on an ephemeral instance: the code location's DAGSTER_HOME check needs a folder, any will do
+os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp(prefix="dagster-rl-bench-home-"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from dagster import AssetKey, DagsterInstance  # noqa: E402

@@ -13,11 +13,14 @@ prints both phases so you can see how balanced they are at the chosen size.
 import argparse
 import statistics
 import sys
+import os
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# runs on an ephemeral instance: the code location's DAGSTER_HOME check needs a folder, any will do
+os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp(prefix="dagster-rl-bench-home-"))
 
 from dagster import DagsterInstance  # noqa: E402
 

@@ -45,11 +45,41 @@ class CorruptArtifactError(DagsterRLError):
     """A stored artifact does not match its manifest (or has none that can be read)."""
 
 
+class ArtifactMismatchError(DagsterRLError):
+    """A stored artifact's content hash differs from the one Dagster's event log recorded for it:
+    consistently changed (files and manifest together), or pointed to by a materialization that is
+    not the step's own. The step stops; the fix is to re-run from the step that makes it."""
+
+    retryable = False
+
+
 class InvalidArtifactKeyError(DagsterRLError):
     """A key, kind or file name is not of the form the store builds paths from: never a path."""
 
     retryable = False
 
 
+class SandboxError(DagsterRLError):
+    """The rollout environment's sandbox root cannot hold sandboxes (a file, read-only, missing)."""
+
+    retryable = False
+
+
 class StoreWriteError(DagsterRLError):
     """The artifact store refused a write (read-only, full, unreachable)."""
+
+
+class StoreLinkError(DagsterRLError):
+    """A symbolic link stands in place of one of the artifact store's folders: never followed."""
+
+    retryable = False
+
+    def __init__(self, message: str, path: str = ""):
+        super().__init__(message)
+        self.path = path  # the link
+
+
+class DagsterHomeError(DagsterRLError):
+    """DAGSTER_HOME is unset: Dagster would use a throwaway instance and lose the runs' records."""
+
+    retryable = False

@@ -6,20 +6,21 @@ Each task subclasses `Experiment` with its own `task`, rubric and training setti
 
 from typing import Any, ClassVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from dagster_rl import bounds
 from dagster_rl.hashing import content_hash
 from dagster_rl.pods import PodResources
 from dagster_rl.strict import Strict  # noqa: F401 - settings modules import it from here
 
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
-MAX_TRIALS_PER_STEP = 65_536  # planned work a step may hold: prompts_per_step x n_samples
+MAX_TRIALS_PER_STEP = 65_536  # planned work a step may hold: prompts_per_step x n_samples (see `dagster_rl.bounds`)
 
 
 class Faults(Strict):
     """Seeded fault injection, active on the first attempt only."""
 
-    crash_driver_at_step: int = Field(-1, ge=-1, description="-1: never")
+    crash_driver_at_step: int = Field(-1, ge=-1, le=bounds.MAX_STEPS, description="-1: never")
     flaky_trial_rate: float = Field(0.0, ge=0.0, lt=1.0)
     judge_flake_rate: float = Field(0.0, ge=0.0, lt=1.0)
     step_delay_s: float = Field(
@@ -39,8 +40,8 @@ class Experiment(Strict):
     name: str = Field(pattern=IDENTIFIER, description="names the asset group and the jobs")
     description: str = ""
     fork_of: str | None = Field(None, pattern=IDENTIFIER)
-    seed: int = 0
-    n_steps: int = Field(ge=1, le=9999)
+    seed: int = Field(0, ge=bounds.SEED_MIN, le=bounds.SEED_MAX, description="64-bit")
+    n_steps: int = Field(ge=1, le=bounds.MAX_STEPS)
     prompts_per_step: int = Field(ge=1, le=MAX_TRIALS_PER_STEP // 2)
     n_samples: int = Field(description="samples per prompt: the GRPO group size", le=MAX_TRIALS_PER_STEP // 2)
     min_trials_per_step: int = Field(1, ge=1)
@@ -49,6 +50,7 @@ class Experiment(Strict):
     driver_pod: PodResources | None = Field(
         None, description="on Kubernetes (k8s_job_executor): what the driver's step pod needs (and in-process rollouts)"
     )
+    _fork_root: str | None = PrivateAttr(None)  # set by `experiment_files` when it resolves a chain of forks
 
     @field_validator("n_samples")
     @classmethod
@@ -85,6 +87,16 @@ class Experiment(Strict):
     def backends(self) -> dict[str, str]:
         """The backend this experiment runs in the rollout and trainer environments, by name."""
         return {"rollout": "in_process", "trainer": "in_process"}
+
+    @property
+    def family(self) -> str:
+        """The experiment whose artifact cache this one shares: the root of its chain of forks (itself
+        when it is no fork). Trained weights record it, and it is in their key, so a fork and its
+        parent (and their forks) reuse each other's steps, the driver refuses the weights of any
+        other experiment, and an experiment that merely has the same settings under another name
+        computes its own weights. (Built directly rather than read from files, a fork's family is
+        its `fork_of`.)"""
+        return self._fork_root or self.fork_of or self.name
 
     @property
     def n_trials_planned(self) -> int:

@@ -1,4 +1,8 @@
-"""Experiment files: one YAML file each, validated by the experiment class of its task kind.
+"""Experiment files: one YAML file each (`*.yaml` or `*.yml`), validated by the experiment class of
+its task kind.
+
+Numbers are read as YAML 1.2 reads them: `1e-4` and `5e3` are numbers (PyYAML's YAML 1.1 reads them
+as text), and text is never coerced into a number (`n_steps: "4"` is refused, naming the field).
 
 A fork (`fork_of: parent`) starts from its parent's settings and overrides what it names; it is its
 own asset group but shares the artifact cache, since artifacts are keyed by content, not by name.
@@ -7,6 +11,7 @@ own asset group but shares the artifact cache, since artifacts are keyed by cont
 field and the reason) and the others stay usable; `load_experiments` refuses the folder instead.
 """
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +22,27 @@ from pydantic import ValidationError
 from dagster_rl.errors import ExperimentError
 from dagster_rl.experiment import Experiment
 from dagster_rl.task import task_of
+
+
+SUFFIXES = (".yaml", ".yml")
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, with YAML 1.2's floats: an exponent needs no decimal point (`1e-4`)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _files(directory: Path) -> list[Path]:
+    """The experiment files of a folder: `*.yaml` and `*.yml`, hidden ones aside."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.suffix in SUFFIXES and not p.name.startswith("."))
 
 
 def _kind_of(raw: Any) -> Any:
@@ -39,7 +65,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except OSError as e:
         raise ExperimentError(f"{path}: cannot be read: {e.strerror}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as e:
         raise ExperimentError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(raw, dict):
@@ -57,11 +83,19 @@ def _validate(path: Path, raw: dict[str, Any]) -> Experiment:
         return parse_experiment(raw)
     except ValidationError as e:
         problems = "; ".join(
-            f"field '{'.'.join(str(p) for p in err['loc']) or '<root>'}': {err['msg']}" for err in e.errors()
+            f"field '{'.'.join(str(p) for p in err['loc']) or '<root>'}': {err['msg']}{_got(err)}" for err in e.errors()
         )
         raise ExperimentError(f"{path}: invalid experiment: {problems}") from None
     except ValueError as e:
         raise ExperimentError(f"{path}: invalid experiment: field 'task.kind': {e}") from None
+
+
+BOUNDS = ("less_than_equal", "less_than", "greater_than_equal", "greater_than")
+
+
+def _got(err: Any) -> str:
+    """`(got 1e+308)` after a bound's message: the value the file holds."""
+    return f" (got {err['input']!r})" if err["type"] in BOUNDS else ""
 
 
 def load_experiment(path: Path) -> Experiment:
@@ -76,11 +110,11 @@ class ExperimentFiles:
 
 
 def read_experiments(directory: Path) -> ExperimentFiles:
-    """Every `*.yaml` in `directory`, forks resolved against their parents; an invalid file (or a
-    fork of one) is reported in `errors` and leaves the others usable."""
+    """Every `*.yaml` and `*.yml` in `directory`, forks resolved against their parents; an invalid
+    file (or a fork of one) is reported in `errors` and leaves the others usable."""
     errors: dict[str, str] = {}
     by_name: dict[str, tuple[Path, dict[str, Any]]] = {}
-    for path in sorted(directory.glob("*.yaml")):
+    for path in _files(directory):
         try:
             raw = _read_yaml(path)
             name = raw.get("name")
@@ -105,17 +139,23 @@ def read_experiments(directory: Path) -> ExperimentFiles:
         inherited = {k: v for k, v in resolved(parent, seen + (parent,)).items() if k not in ("description", "fork_of")}
         return _merge(inherited, raw)
 
+    def root(name: str) -> str:
+        parent = by_name[name][1].get("fork_of")
+        return name if parent is None else root(parent)  # resolved() refused missing parents and cycles
+
     experiments = {}
     for name, (path, _) in by_name.items():
         try:
             experiments[name] = _validate(path, resolved(name, (name,)))
         except ExperimentError as e:
             errors[str(path)] = str(e)
+            continue
+        experiments[name]._fork_root = root(name)  # its cache family (Experiment.family)
     return ExperimentFiles(experiments, errors)
 
 
 def load_experiments(directory: Path) -> dict[str, Experiment]:
-    """Every `*.yaml` in `directory`, forks resolved against their parents, keyed by name; an
+    """Every `*.yaml` and `*.yml` in `directory`, forks resolved against their parents, keyed by name; an
     `ExperimentError` naming every invalid file when there is one."""
     files = read_experiments(directory)
     if files.errors:

@@ -15,6 +15,7 @@ from dagster_rl.store import DATA, ArtifactStore
 
 class StepLineage(BaseModel):
     step: int
+    experiment: str | None  # the cache family that trained the weights (None: stored before it was recorded)
     weights_key: str
     weights_hash: str
     weights_version: int
@@ -51,6 +52,7 @@ def trace(store: ArtifactStore, weights_key: str) -> list[StepLineage]:
         chain.append(
             StepLineage(
                 step=stats["step"],
+                experiment=stats.get("experiment"),
                 weights_key=key,
                 weights_hash=store.ref("weights", key).content_hash,
                 weights_version=version,

@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import Field, field_validator
 
+from dagster_rl.bounds import MAX_DEADLINE_S, MAX_NODES, MAX_RESTARTS, NODE_GPUS
 from dagster_rl.strict import Strict
 
 # A Kubernetes quantity: 4, 500m, 0.5, 24Gi, 8G ...
@@ -38,7 +39,7 @@ class PodResources(Strict):
 
     cpu: str | None = Field(None, description="CPU request, e.g. '4' or '500m'")
     memory: str | None = Field(None, description="memory request and limit, e.g. '24Gi'")
-    gpu: int = Field(0, ge=0, description="GPUs per pod (a limit of gpu_resource)")
+    gpu: int = Field(0, ge=0, le=NODE_GPUS, description="GPUs per pod (a limit of gpu_resource)")
     gpu_resource: str = "nvidia.com/gpu"
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
@@ -80,12 +81,12 @@ class PodJob(Strict):
     (pod 0's address and the rendezvous port): Kubernetes expands them from the pod's environment."""
 
     name: str = Field(description="a hint for the Job's name (the launcher makes it unique and valid)")
-    nodes: int = Field(ge=1)
+    nodes: int = Field(ge=1, le=MAX_NODES)
     command: tuple[str, ...]
     env: dict[str, str] = Field(default_factory=dict)
     resources: PodResources = PodResources()
-    max_restarts: int = Field(0, ge=0)
-    active_deadline_s: int = Field(3600, ge=1)
+    max_restarts: int = Field(0, ge=0, le=MAX_RESTARTS)
+    active_deadline_s: int = Field(3600, ge=1, le=MAX_DEADLINE_S)
     port: int = Field(29500, ge=1, le=65535)
 
 

@@ -2,7 +2,9 @@
 
 A loop reports into the `Progress` of its `Backends` as trials land; the driver logs `lines()`
 while a step runs (at least every 30 s), so a stalled rollout server or judge shows as a stall
-(the same counts, a growing time), not as silence. Thread-safe: trials land in worker threads.
+(the same counts, a growing time), not as silence. A step whose trials are all generated while
+judgements are still out says `judging` (a task may judge each trial as it lands, in the generating
+phase): a judge that never answers shows as one. Thread-safe: trials land in worker threads.
 """
 
 import threading
@@ -55,6 +57,11 @@ class Progress:
         with self._lock:
             return [
                 f"step {step_key(k)}: {s.generated}/{s.planned} trials generated, {s.judged}/{s.planned} judged; "
-                f"{s.phase}, {now - s.started:.0f} s into the step"
+                f"{_phase(s)}, {now - s.started:.0f} s into the step"
                 for k, s in sorted(self._steps.items())
             ]
+
+
+def _phase(s: _Step) -> str:
+    """What the step waits for: `generating` turns `judging` once every trial is generated."""
+    return "judging" if s.phase == "generating" and s.generated >= s.planned and s.judged < s.planned else s.phase

@@ -52,9 +52,14 @@ class Rewards(Record, Generic[R]):
 
 
 class TrainedFrom(Record):
-    """Stored beside trained weights (`STATS`): what trained them. Tasks add how it went."""
+    """Stored beside trained weights (`STATS`): what trained them. Tasks add how it went.
+
+    `step` and `experiment` (the experiment's cache family, `Experiment.family`) are what the driver
+    checks before a range starts from weights a materialization points to: the weights of another
+    step, or of another experiment, are refused whatever the metadata says."""
 
     step: int
+    experiment: str
     prev_weights_key: str
     prev_weights_hash: str
     rewards_key: str

@@ -22,7 +22,14 @@ class AttemptsExhausted(RuntimeError):
 
     def __init__(self, what: str, errors: list[BaseException]):
         self.errors = errors
-        super().__init__(f"{what} failed after {len(errors)} attempt(s): {errors[-1]!r}")
+        super().__init__(f"{what} failed after {len(errors)} attempt(s): {describe(errors[-1])}")
+
+
+def describe(error: BaseException) -> str:
+    """`NotADirectoryError: [Errno 20] Not a directory: '/srv/sandboxes'`: the type and the message,
+    which for an OSError names its path (its repr does not)."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else repr(error)
 
 
 def with_retries(what: str, fn: Callable[[int], T], max_retries: int, timeout_s: float) -> T:

@@ -206,6 +206,26 @@ def rewards_key(code_version: str, judge: JudgeBackend, **inputs: Any) -> str:
     return cache_key("rewards", code_version, **inputs, **extra)
 
 
+def weights_key(code_version: str, exp: Any, prev_hash: str, rewards_hash: str, **inputs: Any) -> str:
+    """The key of a step's trained weights: the weights and rewards they are trained from, the task's
+    own `inputs` (its update's settings), and the experiment's cache family, which the weights record
+    (`TrainedFrom.experiment`): the same bytes under the same key, shared by a fork and its parent."""
+    return cache_key("weights", code_version, prev=prev_hash, rewards=rewards_hash, experiment=exp.family, **inputs)
+
+
+def trained_from(exp: Any, step: int, previous: Any, rewards: ArtifactRef) -> dict[str, Any]:
+    """The `TrainedFrom` fields every task's trained weights store: step, experiment (its cache
+    family), and the weights (`previous`, a `Weights`) and rewards they were trained from."""
+    return {
+        "step": step,
+        "experiment": exp.family,
+        "prev_weights_key": previous.ref.key,
+        "prev_weights_hash": previous.ref.content_hash,
+        "rewards_key": rewards.key,
+        "rewards_hash": rewards.content_hash,
+    }
+
+
 def recovered(*sets: Stored) -> list[str]:
     """Trials that an earlier attempt of the step failed and that succeeded now, in any of its sets."""
     return sorted({t for s in sets for t in s.recovered})

@@ -14,8 +14,10 @@ A task provides, in its own package:
 2. `loop`: a factory of its `TaskLoop`, which makes the initial weights, loads stored weights and
    walks a range of steps, yielding a `StepResult` per step (and a `StepAsset` per extra asset).
    It stores a step's rollouts and rewards with `dagster_rl.steps.trial_set` (trial by trial: a
-   failed trial is never cached as a result, a re-run attempts only the failed ones) and reports
-   trials generated and judged into `backends.progress`.
+   failed trial is never cached as a result, a re-run attempts only the failed ones), a step's
+   trained weights under `steps.weights_key` with their `TrainedFrom` record (`records.STATS`,
+   from `steps.trained_from`: the step and experiment the driver checks before a range starts
+   from them), and reports trials generated and judged into `backends.progress`.
 3. `score`: the in-process verifier + rubric, `(exp, trajectory) -> reward`. The judge
    environment's `in_process` backend runs it; the `openai` backend (an LLM judge) asks `grading`
    for its prompt and keeps the verifier's verdict.

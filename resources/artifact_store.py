@@ -7,12 +7,28 @@ from pathlib import Path
 from dagster import ConfigurableResource
 from pydantic import Field
 
+from dagster_rl.errors import DagsterHomeError
 from dagster_rl.store import ArtifactStore
+
+DAGSTER_HOME_UNSET = (
+    "DAGSTER_HOME is not set: Dagster would record runs in a throwaway instance, deleted when the command "
+    "ends, while their artifacts stayed on disk. Set it to the folder that keeps the instance, e.g.\n"
+    "    export DAGSTER_HOME=$PWD/.dagster_home\n"
+    "(`make demo` and `make ui` use .dagster_home)"
+)
+
+
+def dagster_home() -> Path:
+    """$DAGSTER_HOME; a `DagsterHomeError` that says what to set when it is unset (never a throwaway
+    instance, never a guess such as ./.dagster_home)."""
+    home = os.environ.get("DAGSTER_HOME", "").strip()
+    if not home:
+        raise DagsterHomeError(DAGSTER_HOME_UNSET)
+    return Path(home)
 
 
 def default_artifact_url() -> str:
-    home = os.environ.get("DAGSTER_HOME") or str(Path.cwd() / ".dagster_home")
-    return f"file://{Path(home).resolve()}/artifacts"
+    return f"file://{dagster_home().resolve()}/artifacts"
 
 
 class ArtifactStoreResource(ConfigurableResource):

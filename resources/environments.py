@@ -11,6 +11,7 @@ from typing import Any, Literal
 from dagster import AssetExecutionContext, ConfigurableResource, InitResourceContext
 from pydantic import Field, PrivateAttr
 
+from dagster_rl import bounds
 from dagster_rl.experiment import Experiment
 from dagster_rl.judge_journal import JudgeJournal
 from dagster_rl.llm_judge import LLMJudge, OpenAIChatClient
@@ -26,9 +27,9 @@ from resources.trainer_launcher import PipesTorchrunLauncher
 
 
 class _Environment(ConfigurableResource):
-    max_retries: int = Field(2, ge=0, description="retries of one call (a trial, a judgement, an update)")
-    timeout_s: float = Field(60.0, gt=0, description="time limit of one attempt")
-    max_concurrency: int = Field(8, ge=1, description="calls running at once")
+    max_retries: int = Field(2, ge=0, le=bounds.MAX_RETRIES, description="retries of one call (a trial, a judgement, an update)")
+    timeout_s: float = Field(60.0, gt=0, le=bounds.MAX_DEADLINE_S, description="time limit of one attempt")
+    max_concurrency: int = Field(8, ge=1, le=bounds.MAX_CONCURRENCY, description="calls running at once")
 
     def limits(self) -> Limits:
         return Limits(self.max_retries, self.timeout_s, self.max_concurrency)
@@ -176,9 +177,9 @@ class TrainerEnvironment(_Environment):
 
     launcher: PipesTorchrunLauncher
     k8s: PipesK8sJobLauncher | None = None
-    max_retries: int = Field(0, ge=0)
-    timeout_s: float = Field(3600.0, gt=0)
-    max_concurrency: int = Field(1, ge=1)
+    max_retries: int = Field(0, ge=0, le=bounds.MAX_RETRIES)
+    timeout_s: float = Field(3600.0, gt=0, le=bounds.MAX_DEADLINE_S)
+    max_concurrency: int = Field(1, ge=1, le=bounds.MAX_CONCURRENCY)
 
     def backend_for(self, exp: Experiment, context: AssetExecutionContext | Any) -> Backend:
         pods = _BoundPods(self.k8s, context) if self.k8s is not None else None

@@ -12,6 +12,9 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DAGSTER_RL_MODEL_CACHE", str(Path(tempfile.gettempdir()) / "dagster-rl-test-models"))
 os.environ.setdefault("DAGSTER_RL_DATA_CACHE", str(Path(tempfile.gettempdir()) / "dagster-rl-test-data"))
+# the code location refuses to load without DAGSTER_HOME (`make test` sets it); each test opens its own instance
+if not os.environ.get("DAGSTER_HOME"):
+    os.environ["DAGSTER_HOME"] = tempfile.mkdtemp(prefix="dagster-rl-test-home-")
 
 
 def demo_settings(**overrides) -> dict:

@@ -32,7 +32,7 @@ def test_lineage_walks_every_behavior_policy_back_to_step_0(uninterrupted, monke
         assert s["weights_hash"] == md["weights"]["content_hash"]
         assert s["rewards_hash"] == md["rewards"]["content_hash"]
         assert s["rollouts_hash"] == md["rollouts"]["content_hash"]
-        assert s["rubric"]["name"] == "default" and len(s["seeds"]) == 24
+        assert s["rubric"]["name"] == "default" and len(s["seeds"]) == 24 and s["experiment"] == "demo"
     main(["lineage", "demo", "1"])
     text = capsys.readouterr().out
     assert "step 0001  weights v2" in text and "<- behavior policy: weights initial v0" in text

@@ -1,10 +1,12 @@
 """The driver multi-asset on a real SQLite Dagster instance: order, learning, caching, faults."""
 
+import json
+
 from dagster import FloatMetadataValue, IntMetadataValue
 
 from dagster_rl import counters
 from dagster_rl.experiment import step_key
-from dagster_rl.records import Rollouts
+from dagster_rl.records import STATS, Rollouts
 from dagster_rl.secret_search.loop import _rollouts_key, ensure_worlds, initial_weights
 from dagster_rl.secret_search.records import Trajectory
 from resources import JudgeEnvironment, RolloutEnvironment
@@ -203,3 +205,29 @@ def test_a_rubric_only_fork_reuses_step_0_rollouts_and_regenerates_after(lab, un
         assert forked.latest("demo_tidy", "rollouts", step)["trials_executed"] == 24
     assert counters.read("trials_executed") - before.get("trials_executed", 0) == 2 * 24
     assert forked.latest("demo_tidy", "rewards", "0000")["rubric"]["tidiness"] == 1.0
+
+
+def test_a_fork_reuses_its_parents_steps_and_resumes_from_them_a_same_settings_copy_does_not(lab, uninterrupted):
+    """Trained weights record their experiment's cache family (the root of its forks), which is in
+    their key: a fork that changes nothing a step computes reuses every step of its parent, and a
+    later range of the fork starts from weights its parent computed; an experiment with the same
+    settings under another name, no fork, trains its own (it shares what precedes any weights)."""
+    shared_store = uninterrupted.defs.resources["artifact_store"]
+    fork = {"name": "demo_long", "fork_of": "demo", "n_steps": 32}  # more steps: nothing a step computes changes
+    family = lab("family", demo_settings(), fork, demo_settings(name="demo_copy"), artifact_store=shared_store)
+    before = counters.snapshot()
+    assert family.run("demo_long", "0000", "0002").success
+    assert family.run("demo_long", "0003", "0003").success  # starts from its 0002: weights its parent trained
+    for step in STEPS[:4]:
+        for asset in CHAIN:
+            md = family.latest("demo_long", asset, step)
+            assert md["cache"] == "hit" and md["content_hash"] == uninterrupted.latest("demo", asset, step)["content_hash"], (step, asset)
+    assert counters.read("trials_executed") - before.get("trials_executed", 0) == 0
+    stats = json.loads(family.store().get("weights", family.latest("demo_long", "weights", "0003")["artifact_key"], STATS))
+    assert (stats["step"], stats["experiment"]) == (3, "demo")
+
+    assert family.run("demo_copy", "0000", "0000").success
+    copy = {a: family.latest("demo_copy", a, "0000") for a in CHAIN}
+    assert copy["rollouts"]["cache"] == copy["rewards"]["cache"] == "hit"
+    assert copy["weights"]["cache"] == "miss"
+    assert copy["weights"]["content_hash"] != uninterrupted.latest("demo", "weights", "0000")["content_hash"]

@@ -8,7 +8,7 @@ import yaml
 
 from dagster_rl.errors import ExperimentError
 from dagster_rl.experiment_files import load_experiments
-from tests.conftest import REPO, demo_settings, write_experiments
+from tests.conftest import REPO, demo_settings, shipped_settings, write_experiments
 
 
 def load(tmp_path, *raws):
@@ -54,7 +54,7 @@ def test_not_yaml_is_refused_with_the_file_name(tmp_path):
 def test_one_bad_file_leaves_the_others_usable_and_its_error_visible(tmp_path):
     folder = write_experiments(tmp_path / "exp", demo_settings(), demo_settings(name="broken", n_samples=1))
     (folder / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
-    env = {"DAGSTER_RL_EXPERIMENTS": str(folder), "PATH": "/usr/bin:/bin"}
+    env = {"DAGSTER_RL_EXPERIMENTS": str(folder), "PATH": "/usr/bin:/bin", "DAGSTER_HOME": str(tmp_path)}
 
     def python(code: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
@@ -86,6 +86,12 @@ def test_a_fork_inherits_its_parent_and_overrides_what_it_names(tmp_path):
     assert child.training_hash() != parent.training_hash()
 
 
+def test_the_cache_family_of_a_chain_of_forks_is_its_root(tmp_path):
+    forks = [{"name": "demo_a", "fork_of": "demo"}, {"name": "demo_b", "fork_of": "demo_a"}]
+    exps = load(tmp_path, demo_settings(), *forks, demo_settings(name="copy"))
+    assert {n: e.family for n, e in exps.items()} == {"demo": "demo", "demo_a": "demo", "demo_b": "demo", "copy": "copy"}
+
+
 def test_a_fork_of_an_unknown_parent_is_refused(tmp_path):
     with pytest.raises(ExperimentError, match="field 'fork_of': no experiment named 'nope'"):
         load(tmp_path, demo_settings(name="orphan", fork_of="nope"))
@@ -112,3 +118,74 @@ def test_a_step_makes_only_the_worlds_it_uses(tmp_path):
     assert sorted(ensure_worlds(exp, store)) == ["w0", "w1", "w2", "w3", "w4", "w5"]
     assert len(list((tmp_path / "store" / "worlds").iterdir())) == 6
     assert sorted(initial_weights(exp, store).payload.doc_prior) == ["w0", "w1", "w2", "w3", "w4", "w5"]
+
+
+# ---- issue 20, finding 5: an upper bound on every setting, products included ------------------
+
+TINY = "tiny_grpo"
+
+
+@pytest.mark.parametrize(
+    ("experiment", "override", "field", "reason"),
+    [
+        ("demo", {"grpo": {"learning_rate": 1e308}}, "grpo.learning_rate", "less than or equal to 1000 (got 1e+308)"),
+        ("demo", {"rubric": {"correctness": 1e308}}, "rubric.correctness", "less than or equal to 1000000 (got 1e+308)"),
+        ("demo", {"task": {"max_turns": 10**9}}, "task.max_turns", "less than or equal to 1000 (got 1000000000)"),
+        ("demo", {"seed": 10**30}, "seed", "less than or equal to 9223372036854775807"),
+        (TINY, {"grpo": {"learning_rate": 1e308}}, "grpo.learning_rate", "less than or equal to 1 (got 1e+308)"),
+        (TINY, {"rubric": {"accuracy": 1e308}}, "rubric.accuracy", "less than or equal to 1000000 (got 1e+308)"),
+        (TINY, {"policy": {"lora": {"alpha": 1e308}}}, "policy.lora", "alpha / rank = 1e+308 / 8"),
+        (TINY, {"policy": {"lora": {"rank": 10**9}}}, "policy.lora.rank", "less than or equal to 16384 (got 1000000000)"),
+        (TINY, {"generation_threads": 10**9}, "generation_threads", "less than or equal to 1024 (got 1000000000)"),
+        (TINY, {"task": {"eval_max_new_tokens": 10**9}}, "task.eval_max_new_tokens", "less than or equal to 32768 (got 1000000000)"),
+        (TINY, {"grpo": {"betas": [0.9, 1e308]}}, "grpo.betas.1", "less than 1"),
+        (TINY, {"grpo": {"kl_beta": 1e308}}, "grpo.kl_beta", "less than or equal to 100"),
+        (TINY, {"sampling": {"temperature": 1e308}}, "sampling.temperature", "less than or equal to 100"),
+        (TINY, {"trainer": {"nproc_per_node": 64, "threads_per_process": 64}}, "trainer", "64 x 64 = 4096 threads on one node, more than the 1024"),
+        # sizes multiply: trials x tokens, held-out prompts x tokens
+        (
+            TINY,
+            {"prompts_per_step": 1024, "n_samples": 64, "sampling": {"max_new_tokens": 4096}},
+            "<root>",
+            "1024 x 64 x 4096 = 268435456 tokens a step may sample, more than 134217728",
+        ),
+        (
+            TINY,
+            {"task": {"source": {"kind": "synthetic", "n_eval": 100_000}, "eval_max_new_tokens": 32768}},
+            "<root>",
+            "100000 x 32768 = 3276800000 tokens an evaluation may generate",
+        ),
+    ],
+)
+def test_a_setting_past_its_bound_fails_at_load_naming_file_field_and_bound(tmp_path, experiment, override, field, reason):
+    """Finding 5: these passed validation and crashed far away (bare JSON errors, a 256 GB
+    allocation, libgomp out of memory, a pydantic error about TrainMetrics.loss)."""
+    with pytest.raises(ExperimentError) as err:
+        load(tmp_path, shipped_settings(experiment, **override))
+    message = str(err.value)
+    assert f"{experiment}.yaml: invalid experiment: field '{field}'" in message, message
+    assert reason in message, message
+
+
+def test_yaml_numbers_are_numbers_and_text_is_never_one(tmp_path):
+    """Finding 7: `n_steps: "4"` was coerced silently; and 1e-4, which PyYAML reads as text, is a number."""
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    text = (REPO / "experiments" / f"{TINY}.yaml").read_text().replace("learning_rate: 0.001", "learning_rate: 1e-3")
+    (folder / f"{TINY}.yaml").write_text(text.replace("seed: 0", "seed: 5e3"))
+    loaded = load_experiments(folder)[TINY]
+    assert loaded.grpo.learning_rate == 1e-3 and loaded.seed == 5000
+    (folder / "quoted.yaml").write_text(yaml.safe_dump(demo_settings(name="quoted", n_steps="4")))
+    with pytest.raises(ExperimentError, match=r"quoted\.yaml: invalid experiment: field 'n_steps': a number is required, not the text '4': write it without quotes"):
+        load_experiments(folder)
+
+
+def test_a_yml_file_is_read_like_a_yaml_file(tmp_path):
+    """Finding 7: `*.yml` files were ignored, silently."""
+    folder = write_experiments(tmp_path / "exp", demo_settings())
+    (folder / "other.yml").write_text(yaml.safe_dump(demo_settings(name="other", seed=3)))
+    (folder / "broken.yml").write_text(yaml.safe_dump(demo_settings(name="broken", n_samples=1)))
+    with pytest.raises(ExperimentError, match=r"broken\.yml: invalid experiment: field 'n_samples'"):
+        load_experiments(folder)
+    (folder / "broken.yml").unlink()
+    assert sorted(load_experiments(folder)) == ["demo", "other"] and load_experiments(folder)["other"].seed == 3

@@ -1,9 +1,14 @@
 """A careless or hostile user: corrupted stores, tampered metadata, bad arguments, a read-only store.
 
-Each test names the finding of issue 10 it reproduces.
+Each test names the finding of issue 10 (or, in the last section, of issue 20) it reproduces.
 """
 
+import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from dagster import AssetKey, AssetMaterialization
@@ -11,7 +16,7 @@ from dagster import AssetKey, AssetMaterialization
 from assets.cli import main
 from dagster_rl import counters
 from resources import ArtifactStoreResource
-from tests.conftest import demo_settings
+from tests.conftest import REPO, demo_settings
 from tests.harness import failure_message
 from tests.test_store import ReadOnlyFileSystem  # noqa: F401  (registers the readonly:// protocol)
 
@@ -161,3 +166,210 @@ def test_a_read_only_store_serves_a_range_of_cache_hits(four_steps):
     assert all(readonly.latest("demo", a, s)["cache"] == "hit" for a in ("rollouts", "rewards", "weights") for s in STEPS)
     message = failure_message(readonly.run("demo", "0004", "0004", raise_on_error=False))
     assert "could not write artifact" in message and "Read-only file system" in message
+
+
+# ---- issue 20: trust nothing the step did not compute ---------------------------------------
+
+
+def tamper(art_dir, change) -> None:
+    """Change an artifact's data.json and its manifest together, consistently: the manifest's own
+    hashes then vouch for the change."""
+    from dagster_rl.hashing import canonical_json, sha256_hex
+
+    data = canonical_json(change(json.loads((art_dir / "data.json").read_bytes())))
+    (art_dir / "data.json").write_bytes(data)
+    manifest = json.loads((art_dir / "manifest.json").read_bytes())
+    manifest["files"]["data.json"] = sha256_hex(data)
+    (art_dir / "manifest.json").write_bytes(canonical_json(manifest))
+
+
+def seen_foreign_notes(rollouts: dict) -> dict:
+    rollouts["trajectories"][0]["foreign_notes_seen"] = 5
+    return rollouts
+
+
+def test_rollouts_changed_with_their_manifest_are_caught_by_verify_and_stop_the_step(four_steps, monkeypatch, capsys):
+    """Finding 3: data and manifest edited together passed `verify`, and the next step trained from them."""
+    lab = four_steps
+    before = lab.latest("demo", "rollouts", "0001")
+    tamper(artifact_dir(lab, "rollouts", "0001"), seen_foreign_notes)
+    stored = lab.store().ref("rollouts", before["artifact_key"]).content_hash
+
+    code, out = cli(lab, monkeypatch, capsys, "verify", "demo")
+    assert code == 1 and ": 1 bad" in out, out
+    assert f"BAD rollouts 0001: artifact rollouts/{before['artifact_key']}: the materialization recorded content hash {before['content_hash']}, the store holds {stored}" in out
+    assert "`dagster-rl verify demo --repair` moves the bad artifacts aside" in out and "re-run from step 0001" in out
+
+    message = failure_message(lab.run("demo", "0000", "0003", raise_on_error=False))
+    assert f"artifact rollouts/{before['artifact_key']} is not what Dagster recorded: the materialization of demo/rollouts 0001 recorded content hash {before['content_hash']}, the store holds {stored}" in message
+    assert "It was moved aside to" in message and "Then re-run the range from step 0001." in message
+    assert lab.latest("demo", "rollouts", "0001")["content_hash"] == before["content_hash"], "nothing was materialized from it"
+    assert lab.run("demo", "0000", "0003").success  # the fix the error names
+    redone = lab.latest("demo", "rollouts", "0001")
+    assert redone["cache"] == "miss" and redone["content_hash"] == before["content_hash"]
+    assert cli(lab, monkeypatch, capsys, "verify", "demo")[0] == 0
+
+
+def test_predecessor_weights_changed_with_their_manifest_are_refused_naming_both_hashes(four_steps, monkeypatch, capsys):
+    lab = four_steps
+    md = lab.latest("demo", "weights", "0002")
+
+    def all_mass_on_doc_0(weights: dict) -> dict:
+        weights["doc_prior"] = {w: [1.0] + [0.0] * (len(p) - 1) for w, p in weights["doc_prior"].items()}
+        return weights
+
+    tamper(artifact_dir(lab, "weights", "0002"), all_mass_on_doc_0)
+    stored = lab.store().ref("weights", md["artifact_key"]).content_hash
+    message = failure_message(lab.run("demo", "0003", "0003", raise_on_error=False))
+    assert f"the materialization of demo/weights 0002 recorded content hash {md['content_hash']}, the store holds {stored}" in message
+    assert "Then re-run the range from step 0002." in message
+    assert lab.run("demo", "0002", "0003").success
+    assert lab.latest("demo", "weights", "0002")["content_hash"] == md["content_hash"]
+
+
+def report(lab, name: str, partition: str, metadata: dict) -> None:
+    """A runless materialization (the UI's "Report materialization", or the API), as a careless user makes one."""
+    from dagster import MetadataValue
+
+    values = {k: MetadataValue.json(v) if isinstance(v, dict) else v for k, v in metadata.items()}
+    lab.instance.report_runless_asset_event(AssetMaterialization(asset_key=AssetKey([name, "weights"]), partition=partition, metadata=values))
+
+
+def test_another_steps_weights_reported_as_the_predecessor_are_refused(four_steps, monkeypatch, capsys):
+    """Finding 3: step 0001's metadata reported as step 0004 made step 0005 train from step 0001's weights."""
+    lab = four_steps
+    one = lab.latest("demo", "weights", "0001")
+    report(lab, "demo", "0003", one)  # every field of step 0001's materialization, content hash included
+    result = lab.run("demo", "0004", "0004", raise_on_error=False)
+    message = failure_message(result)
+    assert (
+        f"the materialization of demo/weights 0003 points to artifact weights/{one['artifact_key']}, which step 0001 of "
+        "experiment demo trained (stats.json); step 0004 of demo trains only from the weights of step 0003 of demo." in message
+    ), message
+    assert "refusing to train from it. To fix, re-run the range from step 0003" in message
+    assert lab.instance.get_run_by_id(result.run_id).tags["dagster/retry_on_asset_or_op_failure"] == "false"
+    assert lab.run("demo", "0003", "0004").success  # the fix the error names
+    assert lab.latest("demo", "rollouts", "0004")["behavior_policy"]["partition"] == "0003"
+    assert lab.latest("demo", "weights", "0003")["content_hash"] != one["content_hash"]
+
+
+def test_another_experiments_weights_reported_as_the_predecessor_are_refused(lab):
+    both = lab("two", demo_settings(), demo_settings(name="other", seed=7))
+    assert both.run("demo", "0000", "0001").success and both.run("other", "0000", "0001").success
+    theirs = both.latest("other", "weights", "0001")
+    report(both, "demo", "0001", {**theirs, "training_hash": both.experiments["demo"].training_hash()})
+    message = failure_message(both.run("demo", "0002", "0002", raise_on_error=False))
+    assert f"points to artifact weights/{theirs['artifact_key']}, which step 0001 of experiment other trained (stats.json)" in message
+    assert "step 0002 of demo trains only from the weights of step 0001 of demo" in message
+
+
+def test_lineage_only_reads_and_verify_repair_moves_bad_artifacts_aside(four_steps, monkeypatch, capsys):
+    """Finding 7: `dagster-rl lineage`, a read command, moved corrupt artifacts to quarantine."""
+    lab = four_steps
+    key = lab.latest("demo", "rewards", "0002")["artifact_key"]
+    data = artifact_dir(lab, "rewards", "0002") / "data.json"
+    data.write_bytes(data.read_bytes()[:50])
+    quarantine = lab.home / "artifacts" / "quarantine"
+
+    code, out = cli(lab, monkeypatch, capsys, "lineage", "demo", "3")
+    assert code == 1 and f"artifact rewards/{key}: its file data.json is corrupt" in out
+    assert "Nothing was moved (a read-only command): `dagster-rl verify <experiment> --repair` moves it aside" in out
+    assert data.exists() and not quarantine.exists()
+    assert cli(lab, monkeypatch, capsys, "status", "demo")[0] == 0 and not quarantine.exists()
+    assert cli(lab, monkeypatch, capsys, "verify", "demo")[0] == 1 and not quarantine.exists()
+
+    code, out = cli(lab, monkeypatch, capsys, "verify", "demo", "--repair")
+    assert code == 1 and f"BAD rewards 0002: artifact rewards/{key}: its file data.json is corrupt" in out
+    assert f"repaired: It was moved aside to {lab.home}/artifacts/quarantine/rewards/{key}." in out
+    assert "Re-run from step 0002" in out
+    assert not data.exists() and [p.name.split(".")[0] for p in (quarantine / "rewards").iterdir()] == [key]
+    assert lab.run("demo", "0000", "0003").success and cli(lab, monkeypatch, capsys, "verify", "demo")[0] == 0
+
+
+def test_a_data_file_linked_outside_the_store_is_reported_and_never_read(four_steps, monkeypatch, capsys):
+    """Finding 2: a data.json replaced by a link to an outside file (manifest updated) passed verify,
+    and the run read the outside file into its event log."""
+    from dagster_rl.hashing import canonical_json, sha256_hex
+
+    lab = four_steps
+    secret = lab.home / "secret.json"
+    secret.write_text('{"SECRET": "outside the store"}')
+    art = artifact_dir(lab, "rewards", "0001")
+    (art / "data.json").unlink()
+    (art / "data.json").symlink_to(secret)
+    (art / "manifest.json").write_bytes(canonical_json({"files": {"data.json": sha256_hex(secret.read_bytes())}}))
+
+    code, out = cli(lab, monkeypatch, capsys, "verify", "demo")
+    assert code == 1 and f"BAD rewards 0001: artifact rewards/{art.name}: {art}/data.json is a symbolic link (to {secret})" in out
+    result = lab.run("demo", "0000", "0003", raise_on_error=False)  # its manifest no longer matches the event log's record
+    message = failure_message(result)
+    assert f"artifact rewards/{art.name} is not what Dagster recorded" in message and "It was moved aside to" in message
+    logged = message + " ".join(str(e.message) for e in lab.instance.all_logs(result.run_id))
+    assert "SECRET" not in logged, "the outside file is never read"
+    assert lab.run("demo", "0000", "0003").success and lab.latest("demo", "rewards", "0001")["cache"] == "miss"
+    assert secret.read_text() == '{"SECRET": "outside the store"}'
+
+    # a link whose manifest was left alone: the read refuses it, moves it aside and computes it again
+    art = artifact_dir(lab, "rollouts", "0002")
+    (art / "data.json").unlink()
+    (art / "data.json").symlink_to(secret)
+    result = lab.run("demo", "0000", "0003")
+    assert result.success and lab.latest("demo", "rollouts", "0002")["cache"] == "miss"
+    logged = " ".join(str(e.message) for e in lab.instance.all_logs(result.run_id))
+    assert f"{art}/data.json is a symbolic link (to {secret}); the store never follows links" in logged and "SECRET" not in logged
+
+
+def test_a_kind_folder_linked_outside_the_store_stops_the_run_and_nothing_lands_outside(four_steps, monkeypatch, capsys):
+    """Finding 2: `artifacts/rollouts` replaced by a link made new artifacts go outside the store, silently."""
+    lab = four_steps
+    rollouts, outside = lab.home / "artifacts" / "rollouts", lab.home / "outside"
+    shutil.move(str(rollouts), str(outside))
+    rollouts.symlink_to(outside)
+    before = sorted(p.name for p in outside.iterdir())
+    message = failure_message(lab.run("demo", "0004", "0004", raise_on_error=False))
+    assert f"holds a symbolic link in place of one of its folders: {rollouts} -> {outside}" in message
+    assert "point the store's URL (DAGSTER_RL_ARTIFACTS, --artifacts) at it instead" in message
+    assert sorted(p.name for p in outside.iterdir()) == before, "nothing was written through the link"
+    code, out = cli(lab, monkeypatch, capsys, "verify", "demo", "--repair")
+    assert code == 1 and f"repaired: moved the link {rollouts} to" in out
+    assert lab.run("demo", "0000", "0004").success and sorted(p.name for p in outside.iterdir()) == before
+
+
+def test_without_dagster_home_the_code_location_and_the_cli_refuse_with_the_line_to_set(tmp_path):
+    """Finding 7: with DAGSTER_HOME unset, `dagster asset materialize` exited 0 on a throwaway instance."""
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
+    for argv in (
+        [sys.executable, "-c", "import assets.definitions"],
+        [str(Path(sys.executable).parent / "dagster-rl"), "status", "demo"],
+    ):
+        done = subprocess.run(argv, cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0, (argv, done.stdout, done.stderr)
+        assert "DAGSTER_HOME is not set" in done.stderr and "export DAGSTER_HOME=$PWD/.dagster_home" in done.stderr, done.stderr
+    assert not (tmp_path / ".dagster_home").exists()
+
+
+def test_a_sandbox_root_that_is_a_file_fails_the_run_naming_it(lab, tmp_path):
+    """Finding 7: a sandbox_root that was a file gave 24 trial failures of `NotADirectoryError(20, 'Not a directory')`."""
+    from resources import RolloutEnvironment
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    bad = lab("sandbox", demo_settings(), rollout=RolloutEnvironment(sandbox_root=str(a_file)))
+    result = bad.run("demo", "0000", "0000", raise_on_error=False)
+    message = failure_message(result)
+    assert f"the sandbox folder {a_file}/dagster_rl_sandboxes (the rollout environment's sandbox_root" in message
+    assert f"cannot hold sandboxes: Not a directory ({a_file}/dagster_rl_sandboxes)" in message
+    assert bad.instance.get_run_by_id(result.run_id).tags["dagster/retry_on_asset_or_op_failure"] == "false"
+
+
+def test_weights_stored_before_they_recorded_their_experiment_say_to_start_from_0000():
+    from assets.predecessor import _check_trained_by
+    from dagster_rl.errors import MissingPredecessorError
+    from dagster_rl.experiment_files import parse_experiment
+
+    exp = parse_experiment(demo_settings())
+    _check_trained_by(exp, "0002", "k" * 64, {"step": 2, "experiment": "demo"}, "re-run the range from step 0002")  # its own: accepted
+    with pytest.raises(MissingPredecessorError, match=r"names step 2 but no experiment; .* To fix, re-run the range from 0000"):
+        _check_trained_by(exp, "0002", "k" * 64, {"step": 2}, "re-run the range from step 0002")
+    with pytest.raises(MissingPredecessorError, match=r"holds no record of a training step \(stats.json\): initial or warm-up weights"):
+        _check_trained_by(exp, "0002", "k" * 64, {}, "re-run the range from step 0002")

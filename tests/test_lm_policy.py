@@ -167,3 +167,17 @@ def test_sampling_folds_the_adapter_into_copies_and_puts_the_base_back_bit_for_b
     weights = {n: p for n, p in bf16.model.named_parameters()}
     with bf16.merged() as model:  # bfloat16 would round the delta away: the adapter stays apart
         assert all(p is weights[n] for n, p in model.named_parameters())
+
+
+def test_a_lora_rank_above_the_models_hidden_size_is_refused_when_it_loads(tiny_dir):
+    """Finding 5 of issue 20: sizes multiply (rank x hidden); the file's bound (16,384) cannot know the model."""
+    import pytest
+
+    from dagster_rl.errors import DagsterRLError
+    from dagster_rl.lm.policy import load_policy
+    from dagster_rl.lm.settings import LoRASettings, PolicySettings
+
+    settings = PolicySettings(base_model=str(tiny_dir), lora=LoRASettings(rank=65, alpha=65.0))
+    with pytest.raises(DagsterRLError, match="policy.lora.rank 65 is more than the base model's hidden size 64: .* at most 64"):
+        load_policy(settings)
+    assert load_policy(settings.model_copy(update={"lora": LoRASettings(rank=64, alpha=64.0)})).version == 0

@@ -142,3 +142,6 @@ def test_a_long_step_reports_its_progress_in_the_run_log(lab, monkeypatch):
     judged = [int(re.search(r", (\d+)/16 judged;", line).group(1)) for line in lines]
     assert judged == sorted(judged) and judged[0] < 16 and all(re.search(r"\d+/16 trials generated", line) for line in lines)
     assert all(re.search(r"; (generating|judging|training), \d+ s into the step$", line) for line in lines), lines
+    # every trial generated, judgements still out (the slow judge): the step says judging, not generating
+    waiting = [line for line in lines if "16/16 trials generated" in line and ", 16/16 judged" not in line]
+    assert waiting and all("; judging, " in line for line in waiting), lines

@@ -50,3 +50,20 @@ def test_same_seed_same_trajectory_and_the_judge_scores_by_rubric(tmp_path):
     assert a == b and verify(a)
     r = judge(a, Rubric(correctness=1.0, efficiency=0.5, tidiness=0.2), max_turns=8)
     assert r.reward == 1.0 + 1.0 + 0.5 * (8 - a.turns + 1) / 8 + 0.2
+
+
+def test_a_sandbox_root_that_cannot_hold_sandboxes_is_refused_naming_the_path(tmp_path):
+    """Finding 7 of issue 20: a sandbox_root that was a file (or read-only) gave an OSError naming no path."""
+    import pytest
+
+    from dagster_rl.errors import SandboxError
+    from dagster_rl.secret_search.backends import SandboxRollouts
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    with pytest.raises(SandboxError, match=rf"the sandbox folder {a_file} \(the rollout environment's sandbox_root.*is a file, not a folder"):
+        SandboxRollouts(a_file)
+    with pytest.raises(SandboxError, match=rf"the sandbox folder {a_file}/sub .*cannot hold sandboxes: Not a directory \({a_file}/sub\)"):
+        SandboxRollouts(a_file / "sub")
+    SandboxRollouts(tmp_path / "new" / "sandboxes")  # a missing folder is made
+    assert list((tmp_path / "new" / "sandboxes").iterdir()) == []

@@ -180,3 +180,127 @@ def test_a_read_only_store_serves_what_it_holds_and_says_why_it_cannot_write(tmp
     assert hit and files == {"data.json": b"w"}
     with pytest.raises(StoreWriteError, match=rf"could not write artifact weights/{K1} to the store at readonly://.*Read-only file system"):
         store.put("weights", K1, {"data.json": b"w"})
+
+
+# ---- symbolic links (finding 2 of issue 20) --------------------------------------------------
+
+
+def _outside(tmp_path, text: bytes = b"SECRET outside the store"):
+    outside = tmp_path / "outside"
+    outside.mkdir(exist_ok=True)
+    (outside / "secret.txt").write_bytes(text)
+    return outside / "secret.txt"
+
+
+def test_a_data_file_replaced_by_a_link_with_its_manifest_updated_is_refused_and_moved_aside(tmp_path):
+    from dagster_rl.hashing import canonical_json, sha256_hex
+
+    secret = _outside(tmp_path)
+    heard = []
+    store = ArtifactStore(f"file://{tmp_path}/store", warn=heard.append)
+    store.put("rollouts", K, {"data.json": b"[1, 2, 3]"})
+    art = tmp_path / "store" / "rollouts" / K
+    (art / "data.json").unlink()
+    (art / "data.json").symlink_to(secret)
+    (art / "manifest.json").write_bytes(canonical_json({"files": {"data.json": sha256_hex(secret.read_bytes())}}))
+
+    problem = store.verify("rollouts", K)
+    assert problem == f"artifact rollouts/{K}: {art}/data.json is a symbolic link (to {secret}); the store never follows links"
+    with pytest.raises(CorruptArtifactError) as err:
+        store.get("rollouts", K, "data.json")
+    assert "symbolic link" in str(err.value) and "SECRET" not in str(err.value) and "It was moved aside to" in str(err.value)
+    assert not store.exists("rollouts", K) and secret.read_bytes() == b"SECRET outside the store"
+    [moved] = (tmp_path / "store" / "quarantine" / "rollouts").iterdir()
+    assert (moved / "data.json").is_symlink()  # moved aside whole, link included: nothing deleted
+    files, _, hit = store.get_or_put_files("rollouts", K, lambda: {"data.json": b"[1, 2, 3]"})
+    assert not hit and files == {"data.json": b"[1, 2, 3]"} and store.verify("rollouts", K) is None
+
+
+@pytest.mark.parametrize("what", ["folder", "manifest"])
+def test_an_artifact_folder_or_manifest_that_is_a_link_is_corrupt_and_its_target_is_untouched(tmp_path, what):
+    elsewhere = ArtifactStore(f"file://{tmp_path}/elsewhere")
+    elsewhere.put("weights", K, {"data.json": b"weights of another store"})
+    store = ArtifactStore(f"file://{tmp_path}/store")
+    store.put("weights", K1, {"data.json": b"w"})
+    if what == "folder":
+        (tmp_path / "store" / "weights" / K).symlink_to(tmp_path / "elsewhere" / "weights" / K)
+        link = tmp_path / "store" / "weights" / K
+    else:
+        (tmp_path / "store" / "weights" / K).mkdir()
+        link = tmp_path / "store" / "weights" / K / "manifest.json"
+        link.symlink_to(tmp_path / "elsewhere" / "weights" / K / "manifest.json")
+    assert store.exists("weights", K), "something is there: the read finds it bad"
+    assert f"{link} is a symbolic link" in store.verify("weights", K)
+    with pytest.raises(CorruptArtifactError, match="symbolic link"):
+        store.get_all("weights", K)
+    assert elsewhere.get("weights", K, "data.json") == b"weights of another store"
+    assert not store.exists("weights", K) and store.verify("weights", K1) is None
+
+
+def test_a_kind_folder_replaced_by_a_link_is_never_written_through(tmp_path):
+    from dagster_rl.errors import StoreLinkError
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    store = ArtifactStore(f"file://{tmp_path}/store")
+    store.put("rewards", K1, {"data.json": b"1"})
+    (tmp_path / "store" / "rollouts").symlink_to(outside)
+    with pytest.raises(StoreLinkError, match=rf"holds a symbolic link in place of one of its folders: {tmp_path}/store/rollouts -> {outside}"):
+        store.put("rollouts", K, {"data.json": b"new"})
+    assert list(outside.iterdir()) == [], "nothing was written outside the store"
+    with pytest.raises(StoreLinkError):
+        store.exists("rollouts", K)
+    assert "holds a symbolic link" in store.verify("rollouts", K)
+    with pytest.raises(StoreLinkError):
+        store.put_partial("rollouts", K, {"data.json": b"part"}, ["s0-p0-n0"])
+    assert list(outside.iterdir()) == []
+    (tmp_path / "store" / "partials").symlink_to(outside)
+    with pytest.raises(StoreLinkError):
+        store.put_partial("rewards", K, {"data.json": b"part"}, ["s0-p0-n0"])
+    assert list(outside.iterdir()) == []
+
+    said = store.move_link_aside(StoreLinkError("", str(tmp_path / "store" / "rollouts")))
+    assert said.startswith(f"moved the link {tmp_path}/store/rollouts to {tmp_path}/store/quarantine/links/rollouts.")
+    store.put("rollouts", K, {"data.json": b"new"})
+    assert store.get("rollouts", K, "data.json") == b"new" and list(outside.iterdir()) == []
+
+
+def test_the_root_itself_may_be_a_link(tmp_path):
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "store").symlink_to(tmp_path / "disk")
+    store = ArtifactStore(f"file://{tmp_path}/store")
+    store.put("weights", K, {"data.json": b"w"})
+    assert store.get("weights", K, "data.json") == b"w" and (tmp_path / "disk" / "weights" / K / "data.json").exists()
+
+
+def test_a_read_only_command_moves_nothing(tmp_path):
+    ArtifactStore(f"file://{tmp_path}").put("rollouts", K, {"data.json": b"good"})
+    (tmp_path / "rollouts" / K / "data.json").write_bytes(b"evil")
+    reader = ArtifactStore(f"file://{tmp_path}", quarantine=False)
+    with pytest.raises(CorruptArtifactError, match=r"Nothing was moved \(a read-only command\): `dagster-rl verify <experiment> --repair`"):
+        reader.get("rollouts", K, "data.json")
+    assert reader.exists("rollouts", K) and not (tmp_path / "quarantine").exists()
+
+
+def test_a_link_in_place_of_a_partials_folder_is_refused_and_can_be_moved_aside(tmp_path):
+    from dagster_rl.errors import StoreLinkError
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    store = ArtifactStore(f"file://{tmp_path}/store")
+    store.put_partial("rollouts", K, {"data.json": b"part"}, ["s0-p0-n0"])
+    (tmp_path / "store" / "partials" / "rewards").symlink_to(outside)
+    with pytest.raises(StoreLinkError) as err:
+        store.put_partial("rewards", K, {"data.json": b"part"}, ["s0-p0-n0"])
+    assert list(outside.iterdir()) == []
+    assert store.move_link_aside(err.value).startswith(f"moved the link {tmp_path}/store/partials/rewards to")
+    assert store.put_partial("rewards", K, {"data.json": b"part"}, ["s0-p0-n0"]).key == store.partial("rewards", K)
+
+
+def test_a_store_whose_root_is_missing_or_a_file_holds_nothing_and_says_why_it_cannot_write(tmp_path):
+    assert not ArtifactStore(f"file://{tmp_path}/missing").exists("weights", K)
+    (tmp_path / "a_file").write_text("x")
+    store = ArtifactStore(f"file://{tmp_path}/a_file")
+    assert not store.exists("weights", K)
+    with pytest.raises(StoreWriteError, match=rf"could not write artifact weights/{K} to the store at file://{tmp_path}/a_file"):
+        store.put("weights", K, {"data.json": b"w"})

@@ -12,11 +12,11 @@ from typing import Literal
 from dagster_rl.advantages import group_normalized_advantages
 from dagster_rl.checks import CheckOutcome, step_checks
 from dagster_rl.experiment import Experiment, Strict, step_key
-from dagster_rl.hashing import cache_key, seed_of
-from dagster_rl.records import Record, Rewards, Rollouts
+from dagster_rl.hashing import cache_key, canonical_json, seed_of
+from dagster_rl.records import STATS, Record, Rewards, Rollouts, TrainedFrom
 from dagster_rl.retries import Limits
-from dagster_rl.steps import Judged, mean, rewards_key, step_rewards, trial_set
-from dagster_rl.store import ArtifactStore
+from dagster_rl.steps import Judged, mean, rewards_key, step_rewards, trained_from, trial_set, weights_key
+from dagster_rl.store import DATA, ArtifactStore
 from dagster_rl.task import Backends, StepResult, Task, Weights, register
 from tests.harness import CHAIN
 
@@ -111,10 +111,14 @@ class BanditLoop:
             key = rewards_key("bandit-1", backends.judge, task=exp.task, rollouts=rollouts_ref.content_hash)
             scored = step_rewards(store, exp, key, stored, Judged(), backends.judge, warn, Rewards[PullReward])
             rewards, rewards_ref, rewards_hit = scored.value, scored.ref, scored.hit
-            key = cache_key("weights", "bandit-1", lr=exp.learning_rate, prev=weights.ref.content_hash, rewards=rewards_ref.content_hash)
-            trained, weights_ref, weights_hit = store.get_or_put(
-                "weights", key, ArmLogits, lambda: backends.trainer.train(exp, weights.payload, rollouts.trajectories, rewards.rewards)
-            )
+            key = weights_key("bandit-1", exp, weights.ref.content_hash, rewards_ref.content_hash, lr=exp.learning_rate)
+            files, weights_ref, weights_hit = store.get_or_put_files(  # the logits, and what trained them (step, experiment)
+                "weights", key, lambda: {
+                    DATA: canonical_json(backends.trainer.train(exp, weights.payload, rollouts.trajectories, rewards.rewards)),
+                    STATS: canonical_json(TrainedFrom(**trained_from(exp, step, weights, rewards_ref))),
+                },
+            )  # fmt: skip
+            trained = ArmLogits.model_validate_json(files[DATA])
             weights = Weights(step_key(step), weights_ref, trained, trained.version)
             finite = CheckOutcome(name="weights_finite", passed=all(map(math.isfinite, trained.logits)), message="", value=0.0)
             yield StepResult(
@@ -163,3 +167,4 @@ def test_a_task_registered_by_a_test_runs_three_steps_through_the_driver(lab):
 
     assert bandit.run("bandit", "0000", "0002").success  # a second run reuses every artifact
     assert all(bandit.latest("bandit", a, s)["cache"] == "hit" for a in CHAIN for s in ("0000", "0001", "0002"))
+    assert bandit.run("bandit", "0002", "0002").success  # a range that starts from a materialized step's weights

@@ -4,6 +4,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from dagster_rl import bounds
 from dagster_rl.experiment import Experiment, Strict
 from dagster_rl.pods import PodResources
 from dagster_rl.lm.settings import GRPOLMSettings, LMRubric, PolicySettings, SamplingSettings, WarmupSettings
@@ -13,7 +14,9 @@ from dagster_rl.lm.prompts import PromptSource, SyntheticPrompts
 class VerifiablePromptsTask(Strict):
     kind: Literal["verifiable_prompts"] = "verifiable_prompts"
     source: PromptSource = SyntheticPrompts()
-    eval_max_new_tokens: int | None = Field(None, ge=1, description="greedy evaluation length; default: sampling's")
+    eval_max_new_tokens: int | None = Field(
+        None, ge=1, le=bounds.MAX_NEW_TOKENS, description="greedy evaluation length; default: sampling's"
+    )
 
 
 class LMRolloutSettings(Strict):
@@ -37,17 +40,23 @@ class LMTrainerSettings(Strict):
     restarted as a whole on any pod failure up to `max_restarts` times."""
 
     backend: Literal["in_process", "torchrun", "k8s"] = "in_process"
-    nproc_per_node: int = Field(1, ge=1, description="processes per node (one per GPU)")
-    threads_per_process: int = Field(1, ge=1, description="torch threads of each trainer process")
-    nodes: int = Field(1, ge=1, description="k8s: pods of the Job")
-    max_restarts: int = Field(0, ge=0, description="k8s: restarts of the whole set of pods after a pod fails")
-    active_deadline_s: int = Field(3600, ge=60, description="k8s: the Job fails after this long")
+    nproc_per_node: int = Field(1, ge=1, le=bounds.MAX_THREADS, description="processes per node (one per GPU)")
+    threads_per_process: int = Field(1, ge=1, le=bounds.MAX_THREADS, description="torch threads of each trainer process")
+    nodes: int = Field(1, ge=1, le=bounds.MAX_NODES, description="k8s: pods of the Job")
+    max_restarts: int = Field(0, ge=0, le=bounds.MAX_RESTARTS, description="k8s: restarts of the whole set of pods after a pod fails")
+    active_deadline_s: int = Field(3600, ge=60, le=bounds.MAX_DEADLINE_S, description="k8s: the Job fails after this long")
     pods: PodResources = Field(default_factory=PodResources, description="k8s: what each trainer pod needs")
 
     @model_validator(mode="after")
     def _nodes_need_k8s(self) -> "LMTrainerSettings":
         if self.nodes > 1 and self.backend != "k8s":
             raise ValueError(f"nodes: {self.nodes} needs backend: k8s (backend {self.backend} runs on one machine)")
+        threads = self.nproc_per_node * self.threads_per_process
+        if threads > bounds.MAX_THREADS:
+            raise ValueError(
+                f"nproc_per_node x threads_per_process = {self.nproc_per_node} x {self.threads_per_process} = {threads} threads "
+                f"on one node, more than the {bounds.MAX_THREADS} a node has (see dagster_rl.bounds)"
+            )
         return self
 
     @property
@@ -67,7 +76,9 @@ class LMExperiment(Experiment):
     max_policy_lag: Literal[0, 1] = Field(
         0, description="1: generate step k+1 with the weights of step k-1 while step k trains (the clipped ratio corrects)"
     )
-    generation_threads: int = Field(1, ge=1, description="torch threads of generation in the driver process")
+    generation_threads: int = Field(
+        1, ge=1, le=bounds.MAX_THREADS, description="torch threads of generation in the driver process"
+    )
 
     NOT_TRAINING = Experiment.NOT_TRAINING | {"generation_threads", "trainer", "rollout"}
 
@@ -75,6 +86,25 @@ class LMExperiment(Experiment):
     def _reference_exists(self) -> "LMExperiment":
         if self.grpo.kl_reference == "sft" and self.warmup is None:
             raise ValueError("grpo.kl_reference: sft needs a supervised warm-up: add a `warmup` section, or use kl_reference: base")
+        return self
+
+    @model_validator(mode="after")
+    def _tokens_fit_the_driver(self) -> "LMExperiment":
+        """Sizes multiply: the tokens a step samples, and an evaluation's, live whole in the driver."""
+        sampled = self.n_trials_planned * self.sampling.max_new_tokens
+        if sampled > bounds.MAX_TOKENS_PER_STEP:
+            raise ValueError(
+                f"prompts_per_step x n_samples x sampling.max_new_tokens = {self.prompts_per_step} x {self.n_samples} x "
+                f"{self.sampling.max_new_tokens} = {sampled} tokens a step may sample, more than {bounds.MAX_TOKENS_PER_STEP} "
+                f"(a step's rollouts are held whole by the driver, ~{bounds.BYTES_PER_SAMPLED_TOKEN} bytes a token; see "
+                "dagster_rl.bounds): fewer trials or fewer tokens"
+            )
+        evaluated = self.task.source.n_eval * self.eval_max_new_tokens
+        if evaluated > bounds.MAX_TOKENS_PER_STEP:
+            raise ValueError(
+                f"task.source.n_eval x eval_max_new_tokens = {self.task.source.n_eval} x {self.eval_max_new_tokens} = "
+                f"{evaluated} tokens an evaluation may generate, more than {bounds.MAX_TOKENS_PER_STEP} (see dagster_rl.bounds)"
+            )
         return self
 
     def training_inputs(self) -> dict:

@@ -30,7 +30,7 @@ from dagster_rl.lm.rewards import LMReward
 from dagster_rl.lm.records import LMRollout, plan_requests
 from dagster_rl.lm.prompts import PromptSet, load_prompt_set, prompts_for_step
 from dagster_rl.records import STATS, Rewards, Rollouts, TrainedFrom, TrialFailed
-from dagster_rl.steps import Judged, judge_all, mean, recovered, rewards_key, rollouts_key, step_rewards, trial_set
+from dagster_rl.steps import Judged, judge_all, mean, recovered, rewards_key, rollouts_key, step_rewards, trained_from, trial_set, weights_key
 from dagster_rl.store import ArtifactRef, ArtifactStore
 from dagster_rl.lm.warmup import WARMUP, WarmupStats, warm_up
 from dagster_rl.task import Backends, StepAsset, StepResult, Warn, WarmupResult, Weights
@@ -273,24 +273,20 @@ class LMLoop:
                 exp, previous.payload, gen.rollouts.trajectories, gen.rewards.rewards, reference=reference.payload if reference is not None else None
             )
             stats = LMTrainStats(
-                step=step,
+                **trained_from(exp, step, previous, gen.rewards_ref),
                 version=metrics.version,
-                prev_weights_key=previous.ref.key,
-                prev_weights_hash=previous.ref.content_hash,
-                rewards_key=gen.rewards_ref.key,
-                rewards_hash=gen.rewards_ref.content_hash,
                 metrics={k: float(v) for k, v in metrics.model_dump().items()},
             )
             return {**files, STATS: canonical_json(stats)}
 
-        key = cache_key(
-            "weights",
+        key = weights_key(
             CODE_VERSIONS["weights"],
+            exp,
+            previous.ref.content_hash,
+            gen.rewards_ref.content_hash,
             grpo=exp.grpo,
             policy=exp.policy,
             world_size=exp.world_size,
-            prev=previous.ref.content_hash,
-            rewards=gen.rewards_ref.content_hash,
             **({"reference": reference.ref.content_hash} if reference is not None else {}),
         )
         files, ref, hit = store.get_or_put_files("weights", key, train)

@@ -142,6 +142,12 @@ def lora_config(lora: LoRASettings) -> LoraConfig:
 
 def attach_lora(model: torch.nn.Module, lora: LoRASettings) -> PeftModel:
     """Wrap `model` with a fresh adapter: A drawn from lora.init_seed (global RNG untouched), B = 0."""
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+    if isinstance(hidden, int) and lora.rank > hidden:  # sizes multiply: rank x hidden per adapted matrix
+        raise DagsterRLError(
+            f"policy.lora.rank {lora.rank} is more than the base model's hidden size {hidden}: the adapter would be larger "
+            f"than the layers it adapts (see dagster_rl.bounds). Use a rank of at most {hidden}."
+        )
     config = lora_config(lora)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(lora.init_seed)

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from dagster_rl.bounds import MAX_HELDOUT_PROMPTS
 from dagster_rl.errors import DagsterRLError
 from dagster_rl.experiment import Strict
 from dagster_rl.hashing import seed_of, sha256_hex
@@ -50,7 +51,7 @@ class SyntheticPrompts(Strict):
 
     kind: Literal["synthetic"] = "synthetic"
     ops: tuple[Literal["copy", "add", "last"], ...] = ("copy",)
-    n_eval: int = Field(2, ge=0)
+    n_eval: int = Field(2, ge=0, le=MAX_HELDOUT_PROMPTS)
     template: str = "{question}"
 
     def items(self) -> list["PromptItem"]:
@@ -63,7 +64,7 @@ class GSM8KPrompts(Strict):
 
     kind: Literal["gsm8k"] = "gsm8k"
     path: str
-    n_eval: int = Field(100, ge=0)
+    n_eval: int = Field(100, ge=0, le=MAX_HELDOUT_PROMPTS)
     template: str = "Question: {question}\nAnswer:"
 
     def items(self) -> list["PromptItem"]:

@@ -1,20 +1,22 @@
 """Settings of the language-model path: LoRA adapter, sampling, GRPO update, supervised warm-up."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from dagster_rl import bounds
 from dagster_rl.experiment import Strict
 
 ATTENTION_AND_MLP = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+Beta = Annotated[float, Field(ge=0.0, lt=1.0)]  # an Adam moment's decay
 
 
 class LoRASettings(Strict):
-    rank: int = Field(8, ge=1)
-    alpha: float = Field(16.0, gt=0.0)
+    rank: int = Field(8, ge=1, le=bounds.MAX_LORA_RANK, description="at most the model's hidden size (checked when it loads)")
+    alpha: float = Field(16.0, gt=0.0, description="the adapter's output is scaled by alpha / rank")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="> 0 makes the on-policy ratio differ from 1")
     target_modules: tuple[str, ...] = ATTENTION_AND_MLP
-    init_seed: int = Field(0, description="seeds LoRA A; B starts at 0 so the initial policy is the base")
+    init_seed: int = Field(0, ge=bounds.SEED_MIN, le=bounds.SEED_MAX, description="seeds LoRA A; B starts at 0 so the initial policy is the base")
 
     @field_validator("target_modules")
     @classmethod
@@ -22,6 +24,15 @@ class LoRASettings(Strict):
         if not v:
             raise ValueError("name at least one module to adapt, e.g. q_proj, v_proj")
         return tuple(v)
+
+    @model_validator(mode="after")
+    def _bounded_scale(self) -> "LoRASettings":
+        if self.alpha / self.rank > bounds.MAX_LORA_SCALE:
+            raise ValueError(
+                f"alpha / rank = {self.alpha:g} / {self.rank} = {self.alpha / self.rank:g} scales the adapter's output by more "
+                f"than {bounds.MAX_LORA_SCALE:g} (usually 1 or 2; see dagster_rl.bounds); lower alpha or raise rank"
+            )
+        return self
 
 
 class PolicySettings(Strict):
@@ -37,26 +48,27 @@ class PolicySettings(Strict):
 
 
 class SamplingSettings(Strict):
-    temperature: float = Field(1.0, ge=0.0, description="0: greedy")
+    temperature: float = Field(1.0, ge=0.0, le=bounds.MAX_TEMPERATURE, description="0: greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(16, ge=1, le=32_768)
+    max_new_tokens: int = Field(16, ge=1, le=bounds.MAX_NEW_TOKENS)
 
 
 class GRPOLMSettings(Strict):
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0)
-    kl_beta: float = Field(0.04, ge=0.0)
+    kl_beta: float = Field(0.04, ge=0.0, le=bounds.MAX_KL_BETA)
     kl_reference: Literal["base", "sft"] = Field(
         "base", description="the KL term's reference: the original base model, or the supervised warm-up (`warmup`)"
     )
-    learning_rate: float = Field(1e-4, gt=0.0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = Field(1e-8, gt=0.0)
-    max_grad_norm: float = Field(1.0, gt=0.0)
-    advantage_eps: float = Field(1e-4, gt=0.0)
+    learning_rate: float = Field(1e-4, gt=0.0, le=bounds.MAX_LEARNING_RATE)
+    weight_decay: float = Field(0.0, ge=0.0, le=bounds.MAX_WEIGHT_DECAY)
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
+    adam_eps: float = Field(1e-8, gt=0.0, le=bounds.MAX_EPS)
+    max_grad_norm: float = Field(1.0, gt=0.0, le=bounds.MAX_GRAD_NORM)
+    advantage_eps: float = Field(1e-4, gt=0.0, le=bounds.MAX_EPS)
     micro_batch_tokens: int = Field(
         1024,
         ge=1,
+        le=bounds.MAX_MICRO_BATCH_TOKENS,
         description="padded tokens (rows x longest sequence) per forward and backward of the trainer: bounds its "
         "activation memory; each costs a fixed overhead (the Python of two forwards and a backward). On a GPU with "
         "memory to spare raise it (4096-16384)",
@@ -75,8 +87,8 @@ class LMRubric(Strict):
     `gsm8k` (a `#### <number>` mark, GSM8K's final-answer line)."""
 
     name: str = "accuracy"
-    accuracy: float = Field(1.0, ge=0.0)
-    format: float = Field(0.0, ge=0.0)
+    accuracy: float = Field(1.0, ge=0.0, le=bounds.MAX_REWARD_WEIGHT)
+    format: float = Field(0.0, ge=0.0, le=bounds.MAX_REWARD_WEIGHT)
     format_rule: Literal["ends_with_number", "gsm8k"] = "ends_with_number"
 
     @property
@@ -90,6 +102,6 @@ class WarmupSettings(Strict):
     demos: int = Field(64, ge=1, le=1_000_000, description="worked answers drawn from the training split")
     steps: int = Field(20, ge=1, le=1_000_000, description="optimizer steps")
     batch_size: int = Field(16, ge=1, le=65_536, description="demonstrations per step")
-    learning_rate: float = Field(3e-3, gt=0.0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    max_grad_norm: float = Field(1.0, gt=0.0)
+    learning_rate: float = Field(3e-3, gt=0.0, le=bounds.MAX_LEARNING_RATE)
+    weight_decay: float = Field(0.0, ge=0.0, le=bounds.MAX_WEIGHT_DECAY)
+    max_grad_norm: float = Field(1.0, gt=0.0, le=bounds.MAX_GRAD_NORM)

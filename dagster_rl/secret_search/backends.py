@@ -5,10 +5,13 @@ Each holds its environment's limits (retries, timeout, concurrency). The Dagster
 build them directly.
 """
 
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from dagster_rl import counters
+from dagster_rl.errors import SandboxError
 from dagster_rl.faults import maybe_fail
 from dagster_rl.retries import Limits, with_retries
 from dagster_rl.secret_search.agent import run_agent
@@ -23,6 +26,9 @@ class SandboxRollouts:
 
     sandbox_root: Path
     limits: Limits = Limits()
+
+    def __post_init__(self) -> None:
+        check_sandbox_root(self.sandbox_root)
 
     def run(self, exp: SecretSearchExperiment, spec: TrialSpec, weights: TabularWeights, world: dict[str, bytes]) -> Trajectory:
         def attempt(n: int) -> Trajectory:
@@ -39,6 +45,22 @@ class SandboxRollouts:
             )
 
         return with_retries(f"trial {spec.trial_id}", attempt, self.limits.max_retries, self.limits.timeout_s)
+
+
+def check_sandbox_root(root: Path) -> None:
+    """Make `root` if it is missing and try a sandbox in it; a `SandboxError` naming the path and the
+    setting when trials could not write there (a file, a read-only filesystem, no permission)."""
+    what = f"the sandbox folder {root} (the rollout environment's sandbox_root, or the system temp dir)"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".probe-", dir=root))
+    except FileExistsError:
+        raise SandboxError(f"{what} is a file, not a folder: set sandbox_root to a folder trials may write in (empty: the system temp dir)") from None
+    except OSError as e:
+        raise SandboxError(
+            f"{what} cannot hold sandboxes: {e.strerror or e} ({e.filename or root}). Set sandbox_root to a folder trials "
+            "may write in (empty: the system temp dir)"
+        ) from None
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from dagster_rl import bounds
 from dagster_rl.experiment import Experiment, Strict
 
 MAX_DOCS_PER_STEP = 100_000  # documents of the worlds a step uses: written once, read by every trial
@@ -15,7 +16,7 @@ class SecretSearchTask(Strict):
     kind: Literal["secret_search"] = "secret_search"
     n_worlds: int = Field(3, ge=1, le=1000)
     n_docs: int = Field(8, ge=2, le=1000)
-    max_turns: int = Field(4, ge=1)
+    max_turns: int = Field(4, ge=1, le=bounds.MAX_TURNS)
     scratch_rate: float = Field(0.3, ge=0.0, le=1.0, description="chance an agent leaves a scratch file")
 
 
@@ -23,9 +24,9 @@ class Rubric(Strict):
     """How the judge scores a trajectory on top of the verifier: reward = verified + score."""
 
     name: str = "default"
-    correctness: float = Field(1.0, ge=0.0)
-    efficiency: float = Field(0.5, ge=0.0)
-    tidiness: float = Field(0.2, ge=0.0)
+    correctness: float = Field(1.0, ge=0.0, le=bounds.MAX_REWARD_WEIGHT)
+    efficiency: float = Field(0.5, ge=0.0, le=bounds.MAX_REWARD_WEIGHT)
+    tidiness: float = Field(0.2, ge=0.0, le=bounds.MAX_REWARD_WEIGHT)
 
     @property
     def weight_total(self) -> float:
@@ -38,8 +39,8 @@ class Rubric(Strict):
 
 
 class GRPOSettings(Strict):
-    learning_rate: float = Field(1.0, gt=0.0)
-    advantage_eps: float = Field(1e-4, gt=0.0)
+    learning_rate: float = Field(1.0, gt=0.0, le=bounds.MAX_TABULAR_LEARNING_RATE)
+    advantage_eps: float = Field(1e-4, gt=0.0, le=bounds.MAX_EPS)
 
 
 class SecretSearchExperiment(Experiment):

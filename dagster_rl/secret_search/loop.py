@@ -22,7 +22,18 @@ from dagster_rl.secret_search.prior import uniform
 from dagster_rl.secret_search.records import Reward, TabularTrainStats, TabularWeights, Trajectory, TrialSpec
 from dagster_rl.secret_search.update import prior_finite
 from dagster_rl.secret_search.world import WORLD_CODE_VERSION, build_world, world_ids
-from dagster_rl.steps import Judged, collect_judgements, mean, recovered, rewards_key, rollouts_key, step_rewards, trial_set
+from dagster_rl.steps import (
+    Judged,
+    collect_judgements,
+    mean,
+    recovered,
+    rewards_key,
+    rollouts_key,
+    step_rewards,
+    trained_from,
+    trial_set,
+    weights_key,
+)
 from dagster_rl.store import DATA, ArtifactRef, ArtifactStore
 from dagster_rl.task import Backends, JudgeBackend, StepResult, Warn, Weights
 
@@ -121,23 +132,17 @@ def run_step(
         trained, raw = backends.trainer.train(exp, start.payload, rewards.value.rewards)
         timings["train_s"] = time.monotonic() - t
         stats = TabularTrainStats(
-            step=step,
+            **trained_from(exp, step, start, rewards.ref),
             groups=int(raw["groups"]),
             groups_with_signal=int(raw["groups_with_signal"]),
             samples_used=int(raw["samples_used"]),
             grad_norm=raw["grad_norm"],
-            prev_weights_key=start.ref.key,
-            prev_weights_hash=start.ref.content_hash,
-            rewards_key=rewards.ref.key,
-            rewards_hash=rewards.ref.content_hash,
         )
         return {DATA: canonical_json(trained), STATS: canonical_json(stats)}
 
     progress.phase(step, "training")
-    weights_key = cache_key(
-        "weights", CODE_VERSIONS["weights"], grpo=exp.grpo, prev=start.ref.content_hash, rewards=rewards.ref.content_hash
-    )
-    files, weights_ref, weights_hit = store.get_or_put_files("weights", weights_key, train)
+    key = weights_key(CODE_VERSIONS["weights"], exp, start.ref.content_hash, rewards.ref.content_hash, grpo=exp.grpo)
+    files, weights_ref, weights_hit = store.get_or_put_files("weights", key, train)
     stats = TabularTrainStats.model_validate_json(files[STATS])
     trained = TabularWeights.model_validate_json(files[DATA])
     weights = Weights(step_key(step), weights_ref, trained, trained.version)
