@@ -1,7 +1,15 @@
-"""An inference server this process starts and stops: `vllm serve ...` where a machine has vLLM and
-a GPU (or `dagster-rl serve ...`): start it, wait until its /health answers, stop it at the end."""
+"""An inference server this process starts and stops (`python -m vllm.entrypoints.openai.api_server
+...`, or `dagster-rl serve ...`): start it, wait until its /health answers and it generates a token,
+stop it at the end.
+
+Healthy is not enough: vLLM's CPU build answers /health for a model its attention kernels cannot
+run (a head size other than 32, 64, 80, ...) and fails every generation with HTTP 500. So the
+start ends with one greedy token of the base model, and a server that cannot make it is stopped and
+reported with what it said.
+"""
 
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -9,7 +17,11 @@ import time
 from pathlib import Path
 
 from dagster_rl.errors import DagsterRLError
-from dagster_rl.vllm_client import VLLMClient
+from dagster_rl.http_json import EndpointError
+from dagster_rl.vllm_client import ServerReplyError, ServerSampling, VLLMClient
+
+# vLLM 0.32's CPU attention (CPUAttentionBackend.get_supported_head_sizes)
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 class ServerStartError(DagsterRLError):
@@ -38,10 +50,32 @@ class ManagedServer:
             if self.proc.poll() is not None:
                 raise ServerStartError(f"{' '.join(self.command)} exited {self.proc.returncode} before it was healthy:\n{self.log_tail()}")
             if self.client.healthy():
+                self._first_token()
                 return self
             time.sleep(0.5)
         self.stop()
         raise ServerStartError(f"{' '.join(self.command)} was not healthy at {self.client.root}/health within {self.startup_timeout_s} s:\n{self.log_tail()}")
+
+    def _first_token(self) -> None:
+        """Generate one greedy token of the base model; stop the server and say why when it cannot."""
+        try:
+            base = next(c["id"] for c in self.client.models() if not c.get("parent"))
+            self.client.complete(base, [0], ServerSampling(temperature=0.0, top_p=1.0, max_tokens=1, stop_token_ids=()), seed=0)
+        except (EndpointError, ServerReplyError, StopIteration) as e:
+            said = str(e) if not isinstance(e, StopIteration) else "no base model in /v1/models"
+            time.sleep(1.0)  # vLLM logs the engine's error as it dies
+            log = self.log_tail()
+            hint = ""
+            if re.search(r"head_dim|head_size|head size", said + log):
+                # vLLM answers 500 "EngineCore encountered an issue" and logs "Unsupported CPU attention configuration: head_dim=16"
+                hint = (
+                    f" vLLM's CPU attention runs head sizes {', '.join(map(str, VLLM_CPU_HEAD_SIZES))} only (the model's "
+                    "hidden_size / num_attention_heads, or its head_dim): serve a model with one of them, or use a GPU."
+                )
+            self.stop()
+            raise ServerStartError(
+                f"{' '.join(self.command)} answered /health but could not generate a token of its base model: {said}.{hint}\n{log}"
+            ) from None
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
