@@ -24,6 +24,34 @@ from dagster_rl.vllm_client import ServerReplyError, ServerSampling, VLLMClient
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
+def vllm_cpu_command(
+    model: str,
+    port: int,
+    *,
+    python: str = "python",
+    host: str = "127.0.0.1",
+    dtype: str = "float32",
+    max_lora_rank: int = 8,
+    max_loras: int = 4,
+    generation_config: str | None = "vllm",
+    served_model_name: str | None = None,
+) -> list[str]:
+    """vLLM's CPU build (`vllm-cpu`, whose `vllm` console script does not start) serving `model` for the
+    `openai_server` backend: LoRA on (the environment sets VLLM_ALLOW_RUNTIME_LORA_UPDATING), the
+    log-probs the trainer scores (`processed_logprobs`), and (`generation_config="vllm"`) no sampling
+    defaults from the model folder. 1 GiB of KV cache and no thread pinning suit a laptop or a shared
+    machine. `generation_config=None` keeps vLLM's default (the folder's): the tests do, to show the
+    requests alone keep rollouts on-policy."""
+    return [
+        "env", "VLLM_CPU_KVCACHE_SPACE=1", "VLLM_CPU_OMP_THREADS_BIND=nobind",
+        python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", host, "--port", str(port),
+        f"--dtype={dtype}", "--enable-lora", f"--max-lora-rank={max_lora_rank}", f"--max-loras={max_loras}",
+        "--logprobs-mode=processed_logprobs",
+        *([f"--generation-config={generation_config}"] if generation_config else []),
+        *([f"--served-model-name={served_model_name}"] if served_model_name else []),
+    ]  # fmt: skip
+
+
 class ServerStartError(DagsterRLError):
     """The inference server did not come up."""
 
@@ -64,17 +92,21 @@ class ManagedServer:
         except (EndpointError, ServerReplyError, StopIteration) as e:
             said = str(e) if not isinstance(e, StopIteration) else "no base model in /v1/models"
             time.sleep(1.0)  # vLLM logs the engine's error as it dies
-            log = self.log_tail()
+            log = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+            # vLLM answers 500 "EngineCore encountered an issue" and logs the cause, e.g.
+            # "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"
+            causes = list(dict.fromkeys(m.group(0).strip() for m in re.finditer(r"(?<![`\w])\w+Error: [^\n`]*", log)))[:3]
             hint = ""
             if re.search(r"head_dim|head_size|head size", said + log):
-                # vLLM answers 500 "EngineCore encountered an issue" and logs "Unsupported CPU attention configuration: head_dim=16"
                 hint = (
                     f" vLLM's CPU attention runs head sizes {', '.join(map(str, VLLM_CPU_HEAD_SIZES))} only (the model's "
                     "hidden_size / num_attention_heads, or its head_dim): serve a model with one of them, or use a GPU."
                 )
             self.stop()
             raise ServerStartError(
-                f"{' '.join(self.command)} answered /health but could not generate a token of its base model: {said}.{hint}\n{log}"
+                f"the rollout server answered /health but could not generate a token of its base model: {said}.{hint}"
+                + "".join(f"\nits log: {c}" for c in causes)
+                + f"\ncommand: {' '.join(self.command)}\nlog ({self.log_path}), its end:\n{log[-4000:]}"
             ) from None
 
     def log_tail(self, chars: int = 4000) -> str:
