@@ -35,15 +35,16 @@ def vllm_cpu_command(
     max_loras: int = 4,
     generation_config: str | None = "vllm",
     served_model_name: str | None = None,
+    threads: int | None = None,
 ) -> list[str]:
     """vLLM's CPU build (`vllm-cpu`, whose `vllm` console script does not start) serving `model` for the
     `openai_server` backend: LoRA on (the environment sets VLLM_ALLOW_RUNTIME_LORA_UPDATING), the
     log-probs the trainer scores (`processed_logprobs`), and (`generation_config="vllm"`) no sampling
     defaults from the model folder. 1 GiB of KV cache and no thread pinning suit a laptop or a shared
     machine. `generation_config=None` keeps vLLM's default (the folder's): the tests do, to show the
-    requests alone keep rollouts on-policy."""
+    requests alone keep rollouts on-policy. `threads`: its torch threads (default: one per core)."""
     return [
-        "env", "VLLM_CPU_KVCACHE_SPACE=1", "VLLM_CPU_OMP_THREADS_BIND=nobind",
+        "env", "VLLM_CPU_KVCACHE_SPACE=1", "VLLM_CPU_OMP_THREADS_BIND=nobind", *([f"OMP_NUM_THREADS={threads}"] if threads else []),
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", host, "--port", str(port),
         f"--dtype={dtype}", "--enable-lora", f"--max-lora-rank={max_lora_rank}", f"--max-loras={max_loras}",
         "--logprobs-mode=processed_logprobs",
@@ -97,7 +98,12 @@ class ManagedServer:
             # "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"
             causes = list(dict.fromkeys(m.group(0).strip() for m in re.finditer(r"(?<![`\w])\w+Error: [^\n`]*", log)))[:3]
             hint = ""
-            if re.search(r"head_dim|head_size|head size", said + log):
+            if "exit code: -4" in log:  # measured: vllm-cpu 0.32 with --dtype bfloat16 on a VM's Xeon (avx512_bf16, amx_bf16)
+                hint = (
+                    " A vLLM worker died of SIGILL (exit code -4): this CPU cannot run an instruction of the server's "
+                    "kernels for this dtype; vLLM's CPU build with --dtype float32 runs."
+                )
+            elif re.search(r"head_dim|head_size|head size", said + log):
                 hint = (
                     f" vLLM's CPU attention runs head sizes {', '.join(map(str, VLLM_CPU_HEAD_SIZES))} only (the model's "
                     "hidden_size / num_attention_heads, or its head_dim): serve a model with one of them, or use a GPU."
