@@ -92,7 +92,10 @@ class ManagedServer:
             self.client.complete(base, [0], ServerSampling(temperature=0.0, top_p=1.0, max_tokens=1, stop_token_ids=()), seed=0)
         except (EndpointError, ServerReplyError, StopIteration) as e:
             said = str(e) if not isinstance(e, StopIteration) else "no base model in /v1/models"
-            time.sleep(1.0)  # vLLM logs the engine's error as it dies
+            try:  # vLLM logs the engine's error as it dies: let it finish
+                self.proc.wait(timeout=15) if self.proc is not None else None
+            except subprocess.TimeoutExpired:
+                pass
             log = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
             # vLLM answers 500 "EngineCore encountered an issue" and logs the cause, e.g.
             # "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"

@@ -216,9 +216,12 @@ class LMLoop:
                             _discard_rollouts(store, generating.result())
                         except Exception as e:  # noqa: BLE001 - its generation failed: nothing of it to discard
                             warn(f"step {step_key(k + 1)}'s generation failed too: {e!r}")
-                    if not lag and k < last:
+                    passed = all(c.passed for c in result.checks)
+                    if not lag and k < last and passed:
                         generating = generate(k + 1)
                     yield result
+                    if not passed:  # a failed blocking check ends the range (the driver stops there too)
+                        return
                     while evaluating:  # evaluation of step k-1 is awaited after step k trains
                         yield evaluating.pop(0).result()
                     evaluating.append(eval_pool.submit(self._evaluate, exp, k, weights[k], base, initial, prompts, store))

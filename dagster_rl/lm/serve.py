@@ -465,9 +465,13 @@ def make_server(engine: Engine, host: str, port: int, max_batch: int = 64) -> Th
             engine.unload_adapter(name)
             return 200, f"Success: LoRA adapter '{name}' removed successfully."
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    return _Server((host, port), Handler)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # the listen backlog: a step's trials connect at once; http.server's 5 resets the connections beyond it
+    request_queue_size = 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
