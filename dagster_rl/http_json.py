@@ -26,7 +26,9 @@ class JSONEndpoint:
     def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 60.0, who: str = "endpoint", max_connections: int = 64):
         self.base_url, self.timeout_s, self.who = base_url.rstrip("/"), timeout_s, who
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        # an idle connection is dropped after 2 s, before the server's own keep-alive timeout (uvicorn's, under
+        # vLLM: 5 s) closes it under a request sent on it ("Server disconnected without sending a response")
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=2.0)
         # trust_env off: a proxy from the environment must not sit between the loop and its own servers
         self._client = httpx.Client(headers=headers, timeout=timeout_s, limits=limits, trust_env=False)
 
