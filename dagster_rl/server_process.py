@@ -36,6 +36,7 @@ def vllm_cpu_command(
     generation_config: str | None = "vllm",
     served_model_name: str | None = None,
     threads: int | None = None,
+    logprobs_mode: str = "processed_logprobs",
 ) -> list[str]:
     """vLLM's CPU build (`vllm-cpu`, whose `vllm` console script does not start) serving `model` for the
     `openai_server` backend: LoRA on (the environment sets VLLM_ALLOW_RUNTIME_LORA_UPDATING), the
@@ -47,7 +48,7 @@ def vllm_cpu_command(
         "env", "VLLM_CPU_KVCACHE_SPACE=1", "VLLM_CPU_OMP_THREADS_BIND=nobind", *([f"OMP_NUM_THREADS={threads}"] if threads else []),
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", host, "--port", str(port),
         f"--dtype={dtype}", "--enable-lora", f"--max-lora-rank={max_lora_rank}", f"--max-loras={max_loras}",
-        "--logprobs-mode=processed_logprobs",
+        f"--logprobs-mode={logprobs_mode}",
         *([f"--generation-config={generation_config}"] if generation_config else []),
         *([f"--served-model-name={served_model_name}"] if served_model_name else []),
     ]  # fmt: skip

@@ -10,7 +10,8 @@ Qwen2.5-Instruct's sampling defaults in its generation_config.json:
 
 and that a request that leaves fields to the server's defaults fails the step loudly, that the
 requests state every sampling field vLLM's CompletionRequest has, that `dagster-rl serve` answers
-like vLLM, and that a model vLLM's CPU attention cannot run is a clear error of the managed start.
+like vLLM, that a model vLLM's CPU attention cannot run is a clear error of the managed start, and
+that a server reporting raw log-probabilities is refused before a rollout.
 Each test prints the numbers it measured (`pytest -s`)."""
 
 import json
@@ -26,7 +27,12 @@ from dagster_rl.http_json import JSONEndpoint
 from dagster_rl.lm.experiment import LMExperiment
 from dagster_rl.lm.loop import LMLoop
 from dagster_rl.lm.policy import ADAPTER, load_policy, save_checkpoint
-from dagster_rl.lm.records import LMRollout
+from dagster_rl.lm.prompts import load_prompt_set, prompts_for_step
+from dagster_rl.lm.records import LMRollout, plan_requests
+from dagster_rl.lm.rollout_server import RolloutServerError
+from dagster_rl.retries import Limits
+from dagster_rl.store import ArtifactStore
+from dagster_rl.task import RolloutEnv, task_of
 from dagster_rl.lm.settings import LoRASettings, PolicySettings
 from dagster_rl.lm.tiny import save_tiny_model
 from dagster_rl.records import Rollouts
@@ -37,7 +43,7 @@ from tests.conftest import REPO, shipped_settings
 from tests.harness import failure_message
 from tests.serve_process import ServeProcess
 from tests.servers import free_port
-from tests.vllm_server import VLLM_PYTHON, require_vllm, vllm  # noqa: F401 - the session fixture
+from tests.vllm_server import VLLM_PYTHON, require_vllm, vllm, vllm_model  # noqa: F401 - the session fixture
 
 NAME = "vllm_grpo"
 STEPS = ("0000", "0001", "0002", "0003")
@@ -108,6 +114,27 @@ def test_a_model_whose_head_size_vllms_cpu_attention_cannot_run_is_a_clear_error
     assert "head sizes 32, 64, 80" in message and "head_dim=16" in message  # the hint, and vLLM's own line from its log
     server = env._server
     assert server is None or server.proc is None  # stopped, not left behind
+    assert not VLLMClient(env.base_url).healthy()
+
+
+def test_a_server_that_reports_raw_logprobs_is_refused_before_a_rollout(tmp_path):
+    """vLLM's default --logprobs-mode raw_logprobs reports log-probs that ignore the temperature and
+    whatever the server does to the logits: the on_policy check could not see what it samples."""
+    python = require_vllm()
+    model = vllm_model(tmp_path / "model")
+    port = free_port()
+    command = vllm_cpu_command(str(model), port, python=python, logprobs_mode="raw_logprobs")
+    env = RolloutEnvironment(base_url=f"http://127.0.0.1:{port}/v1", server_command=command, server_startup_timeout_s=900)
+    exp = LMExperiment.model_validate(experiment(str(model)))
+    store = ArtifactStore(f"file://{tmp_path}/artifacts")
+    prompts = load_prompt_set(exp.task.source)
+    requests = plan_requests(prompts_for_step(prompts.train, exp.seed, 0, 2), exp.seed, 0, 2)
+    try:
+        backend = task_of(exp.kind).backend("rollout", exp, RolloutEnv(Limits(), tmp_path, env.endpoint()))
+        with pytest.raises(RolloutServerError, match="do not depend on the temperature.*--logprobs-mode processed_logprobs"):
+            backend.generate(exp, requests, LMLoop().initial_weights(exp, store), prompts.template)
+    finally:
+        env.teardown_after_execution(None)
     assert not VLLMClient(env.base_url).healthy()
 
 

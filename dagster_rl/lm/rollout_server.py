@@ -76,6 +76,7 @@ class ServerRollouts:
     _tokenizers: dict[str, PreTrainedTokenizerBase] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     client: VLLMClient = field(init=False)
+    _mode_checked: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         # one connection pool for the backend's life: as many connections as trials run at once
@@ -99,6 +100,8 @@ class ServerRollouts:
         if self.endpoint.start is not None:
             self.endpoint.start()
         name = self.serve(exp, behavior)
+        if requests:
+            self.check_logprobs_mode(name, encode_prompt(tok, requests[0].item, template))
         s = exp.sampling
         sampling = ServerSampling(s.temperature, s.top_p, s.max_new_tokens, stop_token_ids=(tok.eos_token_id,))
 
@@ -125,6 +128,28 @@ class ServerRollouts:
 
         with ThreadPoolExecutor(self.limits.max_concurrency, "rollout") as pool:
             return list(pool.map(trial, requests))
+
+    def check_logprobs_mode(self, model: str, prompt_ids: list[int]) -> None:
+        """Refuse a server that reports raw log-probabilities (vLLM's default `--logprobs-mode
+        raw_logprobs`): they ignore the temperature, and every processing of the logits the server
+        applies, so the on_policy check could not see what the server samples. Asked once: the top
+        log-probability of the next token of a prompt at two temperatures, equal only when untempered
+        (or where the model's next-token distribution is uniform)."""
+        with self._lock:
+            if self._mode_checked:
+                return
+            tops = [
+                max(self.client.complete(model, prompt_ids, ServerSampling(t, 1.0, 1, ()), seed=0, logprobs=1).top_logprobs[0].values())
+                for t in (1.0, 0.5)
+            ]
+            if abs(tops[0] - tops[1]) < 1e-6:
+                raise RolloutServerError(
+                    f"the rollout server at {self.endpoint.base_url} reports log-probabilities that do not depend on the "
+                    f"temperature (top log-prob {tops[0]:.6f} at temperature 1 and at 0.5): vLLM's default --logprobs-mode "
+                    "raw_logprobs. They are not those of the distribution it samples from, so the on_policy check could "
+                    "not see what it samples: start it with --logprobs-mode processed_logprobs"
+                )
+            self._mode_checked = True
 
     # ---- adapters ----------------------------------------------------------------------------
     def serve(self, exp: LMExperiment, behavior: Weights[Checkpoint]) -> str:
