@@ -13,7 +13,8 @@ on each other: run it quiet, or with --threads 1.
 
 On-policy: for each engine's rollouts, the trainer's log-probability of every sampled token (one
 `train_step` of the GRPO trainer at the same dtype: its `logp_max_dev`, the number the `on_policy`
-check bounds) against the one the sampler recorded: the max, and the mean over tokens.
+check bounds, with `logp_mean_dev`) against the one the sampler recorded: the max, the signed mean
+(trainer - sampler) and the mean |difference| over the tokens.
 `--logit-scale` multiplies the model's head: the random model's logits are nearly flat (std 0.3),
 a trained model's are not (std 2-4); the deviation of a low-precision forward grows with them.
 
@@ -88,8 +89,8 @@ def behavior_weights(exp: LMExperiment, store: ArtifactStore) -> Weights:
     return Weights("initial", ref, files, 0)
 
 
-def deviation(exp: LMExperiment, behavior: Weights, rollouts: list) -> tuple[float, float]:
-    """(the trainer's logp_max_dev, the mean |difference| over the sampled tokens) at exp's dtype."""
+def deviation(exp: LMExperiment, behavior: Weights, rollouts: list) -> tuple[float, float, float]:
+    """(the trainer's logp_max_dev and logp_mean_dev, the mean |difference| over the sampled tokens) at exp's dtype."""
     policy = load_policy(exp.policy, behavior.payload)
     samples, facts = build_samples(rollouts, [score(r, exp.rubric) for r in rollouts], exp.grpo.advantage_eps)
     with torch.no_grad():
@@ -99,7 +100,7 @@ def deviation(exp: LMExperiment, behavior: Weights, rollouts: list) -> tuple[flo
         new = packed_logprobs(policy.model, batch)[batch.completion_mask]
     old = torch.tensor([v for s in samples for v in s.old_logp])
     metrics = train_step(policy, make_optimizer(policy, exp.grpo), samples, len(samples), exp.grpo, facts)
-    return metrics.logp_max_dev, float((new - old).abs().mean())
+    return metrics.logp_max_dev, metrics.logp_mean_dev, float((new - old).abs().mean())
 
 
 def timed(fn, repeats: int) -> tuple[list, float, int]:
@@ -169,9 +170,9 @@ def main() -> None:
                 vllm_start = time.monotonic() - t0
                 for name, engine in engines.items():
                     out, wall, tokens = timed(lambda e=engine: e.generate(exp, requests, behavior, prompts.template), args.repeats)
-                    max_dev, mean_dev = deviation(exp, behavior, out)
+                    max_dev, mean_dev, mean_abs = deviation(exp, behavior, out)
                     start = {"dagster-rl serve": serve_start}.get(name, vllm_start if name.startswith("vLLM") else 0.0)
-                    rows.append((dtype, name, n, tokens, wall, tokens / wall, max_dev, mean_dev, start))
+                    rows.append((dtype, name, n, tokens, wall, tokens / wall, max_dev, mean_dev, mean_abs, start))
                     print(f"  {dtype} {name}: {tokens} tokens in {wall:.3f} s, max |dlogp| {max_dev:.2e}", flush=True)
             finally:
                 for s in servers:
@@ -181,10 +182,12 @@ def main() -> None:
         f"model hidden {args.hidden} / {args.layers} layers / head size {args.hidden // 4}, head x{args.logit_scale:g}; "
         f"median of {args.repeats} after 1 warm-up\n"
     )
-    print("| dtype | engine | rows | tokens | wall s | tokens/s | max abs dlogp | mean abs dlogp | server start s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for dtype, name, n, tokens, wall, tps, max_dev, mean_dev, start in rows:
-        print(f"| {dtype} | {name} | {n} | {tokens} | {wall:.3f} | {tps:.0f} | {max_dev:.2e} | {mean_dev:.2e} | {start:.0f} |")
+    print("| dtype | engine | rows | tokens | wall s | tokens/s | max abs dlogp | mean dlogp | mean abs dlogp | server start s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for dtype, name, n, tokens, wall, tps, max_dev, mean_dev, mean_abs, start in rows:
+        print(
+            f"| {dtype} | {name} | {n} | {tokens} | {wall:.3f} | {tps:.0f} | {max_dev:.2e} | {mean_dev:+.1e} | {mean_abs:.2e} | {start:.0f} |"
+        )
     for line in failed:
         print(f"\n{line}")
 

@@ -51,27 +51,37 @@ OFF_POLICY_CAUSES = (
 )
 
 
-def on_policy(max_dev: float | None, tolerance: float, dtype: str, behavior_version: int, trained_version: int) -> CheckOutcome:
+def on_policy(
+    max_dev: float | None,
+    mean_dev: float | None,
+    tolerance: tuple[float, float],
+    dtype: str,
+    behavior_version: int,
+    trained_version: int,
+) -> CheckOutcome:
     """The `on_policy` check of a step: where the rollouts' behavior policy is the policy the step
     trains, the trainer's log-probability of every sampled token equals the sampler's within the
-    dtype's `tolerance` (`max_dev`: the largest difference). A lagged step (`max_policy_lag: 1`) is
-    reported, not checked: its difference is the lag's drift."""
-    if max_dev is None or not math.isfinite(max_dev):
+    dtype's `tolerance` = (max |difference|, |mean difference|); `max_dev` and `mean_dev` are the
+    step's. A lagged step (`max_policy_lag: 1`) is reported, not checked: its difference is the
+    lag's drift. The check's value is `max_dev`."""
+    if max_dev is None or mean_dev is None or not (math.isfinite(max_dev) and math.isfinite(mean_dev)):
         return CheckOutcome(
             name="on_policy", passed=False, value=float("nan"),
-            message=f"the trainer reported no finite difference of log-probabilities ({max_dev}): retrain the step",
+            message=f"the trainer reported no finite difference of log-probabilities ({max_dev}, {mean_dev}): retrain the step",
         )  # fmt: skip
-    measured = f"max |logp_trainer - logp_sampler| over the sampled tokens {max_dev:.3g}"
+    measured = f"max |logp_trainer - logp_sampler| over the sampled tokens {max_dev:.3g}, mean {mean_dev:+.2g}"
     if behavior_version != trained_version:
         message = (
             f"not checked: the rollouts' behavior policy v{behavior_version} is not the trained policy v{trained_version} "
-            f"(max_policy_lag); {measured} is the lag's drift"
+            f"(max_policy_lag); {measured} are the lag's drift"
         )
         return CheckOutcome(name="on_policy", passed=True, message=message, value=max_dev)
-    if max_dev <= tolerance:
-        return CheckOutcome(name="on_policy", passed=True, message=f"{measured} <= {tolerance:g} ({dtype})", value=max_dev)
+    max_abs, mean_abs = tolerance
+    bounds = f"(bounds {max_abs:g} and {mean_abs:g}, {dtype})"
+    if max_dev <= max_abs and abs(mean_dev) <= mean_abs:
+        return CheckOutcome(name="on_policy", passed=True, message=f"{measured} {bounds}", value=max_dev)
     message = (
-        f"{measured} > {tolerance:g} ({dtype}): the rollouts were not sampled from the policy the trainer scores, so GRPO "
+        f"{measured}, beyond {bounds}: the rollouts were not sampled from the policy the trainer scores, so GRPO "
         f"would train off-policy. {OFF_POLICY_CAUSES} The step's rollouts were moved aside: fix the cause, then re-run "
         "the step to sample them again."
     )

@@ -37,10 +37,14 @@ class LMRolloutSettings(Strict):
         return {} if self.backend == "hf" else {"engine": self.backend, "request": SERVER_REQUEST_VERSION}
 
 
-# max |trainer's log-prob - sampler's| of the sampled tokens of an on-policy step, by policy.dtype:
-# float32 rounding is ~1e-6 (measured: tests/test_vllm_real.py, README "Rollouts on a real vLLM");
-# bfloat16 is the measured bound of the README, with its margin.
-ON_POLICY_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5}
+# The on_policy check's bounds by policy.dtype, on the trainer's log-probs of an on-policy step's
+# sampled tokens against the sampler's: (max |difference|, |mean difference|). float32 rounding is
+# ~1e-6 (measured on vLLM's CPU build and this project's engines). bfloat16 forwards differ per token
+# by up to 0.5-0.7 nats on a 0.5B model with nothing wrong (the max is a tail statistic), so the max
+# bound only catches gross errors there; a sampler that samples another distribution (a top-k or
+# top-p cut, a penalty, another temperature) shifts the mean, which rounding leaves near 0: README,
+# "Rollouts on a real vLLM", says what was measured.
+ON_POLICY_TOLERANCE = {"float32": (1e-3, 1e-3), "bfloat16": (1.0, 0.02)}
 
 
 class LMChecks(Checks):
@@ -48,7 +52,12 @@ class LMChecks(Checks):
         None,
         gt=0.0,
         description="the on_policy check's bound on max |logp_trainer - logp_sampler| over an on-policy step's sampled "
-        "tokens; None: by policy.dtype (float32 1e-3, bfloat16 0.5)",
+        "tokens; None: by policy.dtype (float32 1e-3, bfloat16 1.0)",
+    )
+    on_policy_mean_tolerance: float | None = Field(
+        None,
+        gt=0.0,
+        description="its bound on |mean (logp_trainer - logp_sampler)|; None: by policy.dtype (float32 1e-3, bfloat16 0.02)",
     )
 
 
@@ -123,8 +132,10 @@ class LMExperiment(Experiment):
         return self
 
     @property
-    def on_policy_tolerance(self) -> float:
-        return self.checks.on_policy_tolerance or ON_POLICY_TOLERANCE[self.policy.dtype]
+    def on_policy_tolerance(self) -> tuple[float, float]:
+        """(max |difference|, |mean difference|) the on_policy check allows."""
+        max_abs, mean_abs = ON_POLICY_TOLERANCE[self.policy.dtype]
+        return self.checks.on_policy_tolerance or max_abs, self.checks.on_policy_mean_tolerance or mean_abs
 
     def training_inputs(self) -> dict:
         # the trainer's backend and threads do not change the numbers; its world size does (all-reduce order)

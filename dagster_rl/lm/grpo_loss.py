@@ -35,6 +35,7 @@ class BatchStats:
     ratio_max_dev: torch.Tensor  # scalar
     logp_max_dev: torch.Tensor  # scalar: max |new - old| over the batch's tokens (new before any update: the trainer's
     # log-prob of what the sampler drew, against the sampler's own)
+    logp_dev_sum: torch.Tensor  # scalar: sum of (new - old) over the batch's tokens (their mean is a bias, where there is one)
 
 
 def grpo_batch_loss(
@@ -75,6 +76,7 @@ def grpo_batch_loss(
         clip_frac=token_mean((dev > clip_eps).to(weight)),
         ratio_max_dev=torch.where(mask, dev, 0.0).max(),
         logp_max_dev=torch.where(mask, (new_logp.detach() - old_logp).abs(), 0.0).max(),
+        logp_dev_sum=torch.where(mask, new_logp.detach() - old_logp, 0.0).sum(),
     )
     return loss, stats
 

@@ -328,7 +328,12 @@ class LMLoop:
         tokens = {r.trial_id: len(r.completion_token_ids) for r in gen.rollouts.trajectories}
         behavior_version = int(gen.rollouts.behavior_policy["version"])
         sampled_as_trained = on_policy(
-            stats.metrics.get("logp_max_dev"), exp.on_policy_tolerance, exp.policy.dtype, behavior_version, previous.version
+            stats.metrics.get("logp_max_dev"),
+            stats.metrics.get("logp_mean_dev"),
+            exp.on_policy_tolerance,
+            exp.policy.dtype,
+            behavior_version,
+            previous.version,
         )
         if not sampled_as_trained.passed:
             _discard_rollouts(store, gen)
@@ -349,7 +354,10 @@ class LMLoop:
             metrics={
                 **{
                     k: stats.metrics[k]
-                    for k in ("loss", "ratio", "ratio_max_dev", "logp_max_dev", "kl", "clip_frac", "grad_norm", "samples_used", "groups_with_signal")
+                    for k in (
+                        "loss", "ratio", "ratio_max_dev", "logp_max_dev", "logp_mean_dev", "kl", "clip_frac", "grad_norm",
+                        "samples_used", "groups_with_signal",
+                    )  # fmt: skip
                 },
                 "policy_lag": float(previous.version - behavior_version),
                 "mean_completion_tokens": mean([float(tokens[r.trial_id]) for r in rewards]),

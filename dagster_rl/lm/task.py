@@ -119,7 +119,8 @@ TASK = register(
             CheckSpec(
                 "on_policy",
                 "Where the rollouts' behavior policy is the trained policy, the trainer's log-probability of every sampled "
-                "token equals the sampler's within the dtype's tolerance (float32 1e-3); lagged steps report the drift. "
+                "token equals the sampler's within the dtype's tolerance (float32: max and mean 1e-3; bfloat16: max 1.0, mean "
+                "0.02); lagged steps report the drift. "
                 "A failure moves the step's rollouts aside and names the likely causes.",
             ),
         ),

@@ -49,6 +49,7 @@ class TrainMetrics(Record):
     clip_frac: float
     ratio_max_dev: float  # max over the step's tokens of |ratio - 1|: float noise on-policy, the lag's drift off it
     logp_max_dev: float  # max over the step's tokens of |trainer's log-prob - sampler's| before the update (on_policy)
+    logp_mean_dev: float  # mean over the step's tokens of (trainer's log-prob - sampler's): a bias, where there is one
     grad_norm: float  # before clipping
     samples_used: int
     groups: int
@@ -140,7 +141,7 @@ def train_step(
     forward_model = ddp if ddp is not None else model
     scale = world_size / total_samples
     device = next(model.parameters()).device
-    sums = torch.zeros(5, dtype=torch.float64, device=device)  # loss, ratio, kl, clip_frac, samples
+    sums = torch.zeros(7, dtype=torch.float64, device=device)  # loss, ratio, kl, clip_frac, samples, logp dev sum, tokens
     max_dev = torch.zeros(2, dtype=torch.float64, device=device)  # max |ratio - 1|, max |new - old|
     pad = policy.tokenizer.pad_token_id
     batches = [_pack([samples[i] for i in idx], pad, device) for idx in micro_batches(samples, grpo.micro_batch_tokens)]
@@ -160,6 +161,7 @@ def train_step(
                 (loss.sum() * scale).backward()
                 sums[:4] += torch.stack([x.sum() for x in (loss.detach(), stats.ratio, stats.kl, stats.clip_frac)]).double()
                 sums[4] += len(adv)
+                sums[5:] += torch.stack([stats.logp_dev_sum.double(), batch.completion_mask.sum().double()])
                 max_dev = torch.maximum(max_dev, torch.stack([stats.ratio_max_dev, stats.logp_max_dev]).double())
         if ddp is not None:
             sync = ddp(input_ids=torch.tensor([[pad]], device=device), use_cache=False)
@@ -188,6 +190,7 @@ def train_step(
         clip_frac=float(sums[3]) / n,
         ratio_max_dev=max_dev,
         logp_max_dev=logp_dev,
+        logp_mean_dev=float(sums[5]) / max(float(sums[6]), 1.0),
         grad_norm=float(grad_norm),
         samples_used=int(n),
         groups=int(facts["groups"]),
