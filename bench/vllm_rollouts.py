@@ -136,6 +136,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--logit-scale", type=float, default=1.0)
     parser.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--engines", default="hf,serve,vllm", help="comma-separated, of hf, serve, vllm")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each engine (OMP_NUM_THREADS of the servers)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -150,24 +151,33 @@ def main() -> None:
             prompts = load_prompt_set(exp.task.source)
             requests = plan_requests(prompts_for_step(prompts.train, 0, 0, args.prompts), 0, 0, args.samples)
             n = len(requests)
-            engines = {"hf (in process)": HFRollouts(Limits(0, 3600, 1))}
-            servers = []
+            wanted = set(args.engines.split(","))
+            engines = {"hf (in process)": HFRollouts(Limits(0, 3600, 1))} if "hf" in wanted else {}
+            servers, serve_start, vllm_start = [], 0.0, 0.0
             try:
-                port = free_port()
-                serve_cmd = ["env", f"OMP_NUM_THREADS={args.threads}", str(Path(sys.executable).parent / "dagster-rl"), "serve", "--model", str(model), "--port", str(port), "--dtype", dtype, "--max-batch", str(n)]
-                t0 = time.monotonic()
-                servers.append(started(serve_cmd, port, root))
-                serve_start = time.monotonic() - t0
-                engines["dagster-rl serve"] = ServerRollouts(Endpoint(f"http://127.0.0.1:{port}/v1", request_timeout_s=600), Limits(0, 3600, n))
-                port = free_port()
-                t0 = time.monotonic()
-                try:
-                    servers.append(started(vllm_cpu_command(str(model), port, python=args.vllm_python, dtype=dtype, threads=args.threads), port, root))
-                    engines[f"vLLM {VLLM_VERSION} (CPU)"] = ServerRollouts(Endpoint(f"http://127.0.0.1:{port}/v1", request_timeout_s=600), Limits(0, 3600, n))
-                except ServerStartError as e:  # vllm-cpu 0.32 in bfloat16 dies of SIGILL on some CPUs: say so, go on
-                    failed.append(f"{dtype}: vLLM did not start: {str(e).splitlines()[0]}")
-                    print(f"  {failed[-1]}", flush=True)
-                vllm_start = time.monotonic() - t0
+                if "serve" in wanted:
+                    port = free_port()
+                    serve_cmd = [
+                        "env", f"OMP_NUM_THREADS={args.threads}", str(Path(sys.executable).parent / "dagster-rl"), "serve",
+                        "--model", str(model), "--port", str(port), "--dtype", dtype, "--max-batch", str(n),
+                    ]  # fmt: skip
+                    t0 = time.monotonic()
+                    servers.append(started(serve_cmd, port, root))
+                    serve_start = time.monotonic() - t0
+                    endpoint = Endpoint(f"http://127.0.0.1:{port}/v1", request_timeout_s=600)
+                    engines["dagster-rl serve"] = ServerRollouts(endpoint, Limits(0, 3600, n))
+                if "vllm" in wanted:
+                    port = free_port()
+                    t0 = time.monotonic()
+                    try:
+                        command = vllm_cpu_command(str(model), port, python=args.vllm_python, dtype=dtype, threads=args.threads)
+                        servers.append(started(command, port, root))
+                        endpoint = Endpoint(f"http://127.0.0.1:{port}/v1", request_timeout_s=600)
+                        engines[f"vLLM {VLLM_VERSION} (CPU)"] = ServerRollouts(endpoint, Limits(0, 3600, n))
+                    except ServerStartError as e:  # vllm-cpu 0.32 in bfloat16 dies of SIGILL on some CPUs: say so, go on
+                        failed.append(f"{dtype}: vLLM did not start: {str(e).splitlines()[0]}")
+                        print(f"  {failed[-1]}", flush=True)
+                    vllm_start = time.monotonic() - t0
                 for name, engine in engines.items():
                     out, wall, tokens = timed(lambda e=engine: e.generate(exp, requests, behavior, prompts.template), args.repeats)
                     max_dev, mean_dev, mean_abs = deviation(exp, behavior, out)
