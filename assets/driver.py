@@ -107,6 +107,11 @@ def check_specs(exp: Experiment) -> list[AssetCheckSpec]:
         return _check_specs(exp)
 
 
+def check_descriptions(exp: Experiment) -> dict[str, str]:
+    """The blocking checks of `<exp>/weights`, by name: the generic ones, then the task's own."""
+    return {name: CHECK_DESCRIPTIONS[name] for name in CHECK_NAMES} | {c.name: c.description for c in task_of(exp.kind).checks}
+
+
 def _check_specs(exp: Experiment) -> list[AssetCheckSpec]:
     return [
         AssetCheckSpec(
@@ -114,9 +119,9 @@ def _check_specs(exp: Experiment) -> list[AssetCheckSpec]:
             asset=AssetKey([exp.name, "weights"]),
             blocking=True,
             partitions_def=step_partitions(exp),
-            description=CHECK_DESCRIPTIONS[name],
+            description=description,
         )
-        for name in CHECK_NAMES
+        for name, description in check_descriptions(exp).items()
     ]
 
 

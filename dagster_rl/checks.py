@@ -1,5 +1,6 @@
 """Per-step checks, pure functions over a step's rewards and weights; the driver reports them as
-blocking asset checks of `<exp>/weights`. A task adds its own `weights_finite` check."""
+blocking asset checks of `<exp>/weights`. A task adds its own `weights_finite` check, and may
+declare checks of its own (`Task.checks`: a language model's `on_policy`)."""
 
 import math
 
@@ -40,6 +41,51 @@ def step_checks(exp: Experiment, finite: CheckOutcome, rewards: list, planned: i
 
 
 CHECK_NAMES = ("weights_finite", "rewards_in_bounds", "enough_usable_trials")
+
+OFF_POLICY_CAUSES = (
+    "Likely causes: the sampling fields (a server that fills the fields a request leaves out from the model's "
+    "generation_config.json: start vLLM with --generation-config vllm), the logprobs mode (vLLM's default reports the "
+    "raw logits' log-probs: start it with --logprobs-mode processed_logprobs for a temperature other than 1), the dtype "
+    "(the server's --dtype must be the experiment's policy.dtype), a stale adapter (the server serves other weights "
+    "under this version's name), or LoRA dropout (policy.lora.dropout > 0 makes the trainer's forward another one)."
+)
+
+
+def on_policy(
+    max_dev: float | None,
+    mean_dev: float | None,
+    tolerance: tuple[float, float],
+    dtype: str,
+    behavior_version: int,
+    trained_version: int,
+) -> CheckOutcome:
+    """The `on_policy` check of a step: where the rollouts' behavior policy is the policy the step
+    trains, the trainer's log-probability of every sampled token equals the sampler's within the
+    dtype's `tolerance` = (max |difference|, |mean difference|); `max_dev` and `mean_dev` are the
+    step's. A lagged step (`max_policy_lag: 1`) is reported, not checked: its difference is the
+    lag's drift. The check's value is `max_dev`."""
+    if max_dev is None or mean_dev is None or not (math.isfinite(max_dev) and math.isfinite(mean_dev)):
+        return CheckOutcome(
+            name="on_policy", passed=False, value=float("nan"),
+            message=f"the trainer reported no finite difference of log-probabilities ({max_dev}, {mean_dev}): retrain the step",
+        )  # fmt: skip
+    measured = f"max |logp_trainer - logp_sampler| over the sampled tokens {max_dev:.3g}, mean {mean_dev:+.2g}"
+    if behavior_version != trained_version:
+        message = (
+            f"not checked: the rollouts' behavior policy v{behavior_version} is not the trained policy v{trained_version} "
+            f"(max_policy_lag); {measured} are the lag's drift"
+        )
+        return CheckOutcome(name="on_policy", passed=True, message=message, value=max_dev)
+    max_abs, mean_abs = tolerance
+    bounds = f"(bounds {max_abs:g} and {mean_abs:g}, {dtype})"
+    if max_dev <= max_abs and abs(mean_dev) <= mean_abs:
+        return CheckOutcome(name="on_policy", passed=True, message=f"{measured} {bounds}", value=max_dev)
+    message = (
+        f"{measured}, beyond {bounds}: the rollouts were not sampled from the policy the trainer scores, so GRPO "
+        f"would train off-policy. {OFF_POLICY_CAUSES} The step's rollouts were moved aside: fix the cause, then re-run "
+        "the step to sample them again."
+    )
+    return CheckOutcome(name="on_policy", passed=False, message=message, value=max_dev)
 
 
 def require_enough_trials(exp: Experiment, step: int, usable: int, planned: int, skipped: list[str]) -> None:

@@ -1,11 +1,11 @@
-"""JSON over HTTP with the standard library, errors that name the endpoint: what the LLM judge and
-the rollout server's client share."""
+"""JSON over HTTP for the endpoints the loop calls (a rollout server, an LLM judge): one pooled
+`httpx.Client` per endpoint, shared by the threads that call it (a step's trials, its judgements),
+so many requests run at once over kept-alive connections; errors that name the endpoint."""
 
 import json
-import socket
-import urllib.error
-import urllib.request
 from typing import Any
+
+import httpx
 
 from dagster_rl.errors import DagsterRLError
 
@@ -18,24 +18,50 @@ class EndpointError(DagsterRLError):
         self.status, self.body = status, body
 
 
-def request(method: str, url: str, body: Any | None, *, api_key: str | None, timeout_s: float, who: str) -> bytes:
-    """The raw answer of `method url` with a JSON `body` (None: no body); `who` names the endpoint in errors."""
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return resp.read()
-    except urllib.error.HTTPError as e:
-        detail = e.read()[:500].decode(errors="replace")
-        raise EndpointError(f"{who} {url} answered HTTP {e.code}: {detail}", e.code, detail) from None
-    except (TimeoutError, socket.timeout):
-        raise EndpointError(f"{who} {url} did not answer within {timeout_s} s") from None
-    except urllib.error.URLError as e:
-        if isinstance(e.reason, (TimeoutError, socket.timeout)):
-            raise EndpointError(f"{who} {url} did not answer within {timeout_s} s") from None
-        raise EndpointError(f"{who} {url} is unreachable: {e.reason}") from None
-    except ConnectionError as e:  # reset mid-request
-        raise EndpointError(f"{who} {url} is unreachable: {e!r}") from None
+class JSONEndpoint:
+    """`base_url` and the paths under it (an absolute URL is used as it is), JSON bodies, a Bearer
+    key when one is set; `who` names the endpoint in errors. Thread-safe: one connection pool of up
+    to `max_connections` for every caller. Close it when done (or use it as a context manager)."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 60.0, who: str = "endpoint", max_connections: int = 64):
+        self.base_url, self.timeout_s, self.who = base_url.rstrip("/"), timeout_s, who
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # an idle connection is dropped after 2 s, before the server's own keep-alive timeout (uvicorn's, under
+        # vLLM: 5 s) closes it under a request sent on it ("Server disconnected without sending a response")
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=2.0)
+        # trust_env off: a proxy from the environment must not sit between the loop and its own servers
+        self._client = httpx.Client(headers=headers, timeout=timeout_s, limits=limits, trust_env=False)
+
+    def url(self, path: str) -> str:
+        return path if path.startswith(("http://", "https://")) else self.base_url + path
+
+    def call(self, method: str, path: str, body: Any | None = None, timeout_s: float | None = None) -> bytes:
+        """The raw answer of `method path` with a JSON `body` (None: no body); `EndpointError` unless 2xx."""
+        url, limit = self.url(path), timeout_s or self.timeout_s
+        try:
+            response = self._client.request(method, url, json=body, timeout=limit)
+        except httpx.TimeoutException:
+            raise EndpointError(f"{self.who} {url} did not answer within {limit} s") from None
+        except httpx.HTTPError as e:  # connection refused or reset, protocol errors
+            raise EndpointError(f"{self.who} {url} is unreachable: {e!r}") from None
+        if response.status_code >= 400:
+            detail = response.content[:500].decode(errors="replace")
+            raise EndpointError(f"{self.who} {url} answered HTTP {response.status_code}: {detail}", response.status_code, detail)
+        return response.content
+
+    def call_json(self, method: str, path: str, body: Any | None = None, timeout_s: float | None = None) -> tuple[Any, bytes]:
+        """(the parsed answer, the raw bytes); a reply that is not JSON parses to None."""
+        raw = self.call(method, path, body, timeout_s)
+        try:
+            return json.loads(raw), raw
+        except ValueError:
+            return None, raw
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> "JSONEndpoint":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

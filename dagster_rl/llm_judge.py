@@ -23,7 +23,7 @@ from dagster_rl import counters
 from dagster_rl.errors import DagsterRLError
 from dagster_rl.faults import maybe_fail
 from dagster_rl.hashing import content_hash
-from dagster_rl.http_json import EndpointError, request
+from dagster_rl.http_json import EndpointError, JSONEndpoint
 from dagster_rl.judge_journal import JudgeCall, JudgeJournal, trajectory_hash
 from dagster_rl.retries import Limits, with_retries
 from dagster_rl.task import LLMGrading
@@ -57,25 +57,24 @@ def parse_score(reply: str) -> float:
     return float(value)
 
 
-@dataclass(frozen=True)
 class OpenAIChatClient:
-    """POST {base_url}/chat/completions; base_url is e.g. http://127.0.0.1:8000/v1."""
+    """POST {base_url}/chat/completions; base_url is e.g. http://127.0.0.1:8000/v1. One pooled HTTP
+    client: the judge's concurrent calls share its connections."""
 
-    base_url: str
-    api_key: str | None = None
-    timeout_s: float = 30.0
+    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 30.0):
+        self.base_url, self.timeout_s = base_url, timeout_s
+        self.http = JSONEndpoint(base_url, api_key, timeout_s, "judge endpoint")
 
     def complete(self, body: dict[str, Any]) -> str:
-        url = self.base_url.rstrip("/") + "/chat/completions"
         try:
-            raw = request("POST", url, body, api_key=self.api_key, timeout_s=self.timeout_s, who="judge endpoint")
+            payload, raw = self.http.call_json("POST", "/chat/completions", body)
         except EndpointError as e:
             raise LLMJudgeError(str(e)) from None
         try:
-            return json.loads(raw)["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
+            return payload["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
             raise LLMJudgeError(
-                f"judge endpoint {url} answered something that is not a chat completion: {raw[:300]!r}"
+                f"judge endpoint {self.http.url('/chat/completions')} answered something that is not a chat completion: {raw[:300]!r}"
             ) from None
 
 

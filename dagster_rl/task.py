@@ -30,6 +30,8 @@ A task provides, in its own package:
    and step 0's weights are its weights. The loop's `initial_weights` returns them (computing them
    through the artifact cache when the asset has not run); the Dagster layer builds the asset.
 7. `commands`: subcommands it adds to the `dagster-rl` CLI (the language models' `serve`).
+8. `checks`: blocking checks of `<exp>/weights` beyond the generic ones (the language models'
+   `on_policy`); its loop puts each one's outcome in every `StepResult.checks`.
 
 Words, one per idea:
     experiment   one YAML file's settings, validated by the task's `Experiment` subclass
@@ -213,6 +215,14 @@ class StepAssetSpec:
 
 
 @dataclass(frozen=True)
+class CheckSpec:
+    """A blocking check of `<exp>/weights` a task adds, evaluated on every step."""
+
+    name: str
+    description: str
+
+
+@dataclass(frozen=True)
 class WarmupSpec:
     """An unpartitioned asset `<exp>/<name>` computed once per experiment before step 0 (a supervised
     warm-up): the step chain depends on it, and step 0 starts from its weights.
@@ -249,6 +259,7 @@ class Task(Generic[E]):
     step_assets: tuple[StepAssetSpec, ...] = field(default=())
     warmup: WarmupSpec | None = None
     commands: Mapping[str, Command] = field(default_factory=dict)
+    checks: tuple[CheckSpec, ...] = field(default=())
 
     def warmup_of(self, exp: E) -> WarmupSpec | None:
         """The warm-up asset this experiment has, if any."""

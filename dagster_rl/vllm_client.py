@@ -1,28 +1,92 @@
-"""A client of vLLM's OpenAI-compatible server (`vllm serve ... --enable-lora`, runtime LoRA updating
-on), and of `dagster-rl serve`, which speaks the same subset:
+"""A client of vLLM's OpenAI-compatible server (`python -m vllm.entrypoints.openai.api_server
+--enable-lora`, runtime LoRA updating on; the version the tests run: `VLLM_VERSION`), and of
+`dagster-rl serve`, which speaks the same subset:
 
     GET  /v1/models                 the base model and the loaded adapters (id, root = path, parent)
-    POST /v1/completions            a token-id prompt, `seed`, `logprobs: 0` and
-                                    `return_tokens_as_token_ids: true`: the completion comes back as
-                                    "token_id:<id>" strings with the sampled token's log-probability
+    POST /v1/completions            a token-id prompt, `seed`, every sampling field (`ServerSampling`),
+                                    `logprobs` and `return_tokens_as_token_ids: true`: the completion
+                                    comes back as "token_id:<id>" strings with the sampled token's
+                                    log-probability
     POST /v1/load_lora_adapter      {lora_name, lora_path}: 200 and a text body, or an error object
     POST /v1/unload_lora_adapter    {lora_name}
     GET  /health                    200 once the server can serve (at the server's root, not /v1)
+
+Requests go through one pooled HTTP client (`http_json.JSONEndpoint`): the rollout backend's
+threads send a step's trials at once.
+
+**Every request states every sampling field.** vLLM fills each field a request leaves out from the
+model folder's `generation_config.json` (Qwen2.5-Instruct: top_k 20, top_p 0.8, temperature 0.7,
+repetition_penalty 1.05) unless the server was started with `--generation-config vllm`, and it
+stops on the generation config's `eos_token_id` list unless told otherwise. The trainer scores
+log softmax(logits / temperature) of each token and nothing else, so a request fixes everything
+else at the value that leaves that distribution alone (`NEUTRAL_SAMPLING`), and stops exactly
+where this project's sampler stops (`stop_token_ids`, with `ignore_eos` so that no other id does).
 """
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from dagster_rl.errors import DagsterRLError
-from dagster_rl.http_json import EndpointError, request
+from dagster_rl.http_json import EndpointError, JSONEndpoint
 
+VLLM_VERSION = "0.32.0"  # the version the tests run (Makefile), the `vllm` extra and deploy/k8s/vllm.yaml's image
 TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
+
+# The fields of vLLM 0.32's CompletionRequest that change which tokens are sampled, or their
+# log-probabilities, other than the ones the experiment sets (temperature, top_p, max_tokens, the
+# stop tokens, seed), at their neutral values: what no distribution the trainer scores depends on.
+# tests/test_vllm_real.py checks this table against the installed vLLM's CompletionRequest.
+NEUTRAL_SAMPLING: dict[str, Any] = {
+    "n": 1,
+    "top_k": 0,  # 0: off (vLLM 0.32 refuses -1)
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "min_tokens": 0,  # > 0 masks the stop tokens until then
+    "stop": [],  # no stop strings: a completion ends at a stop token or at max_tokens
+    "logit_bias": None,
+    "allowed_token_ids": None,
+    "bad_words": [],
+    "watermarking": False,  # None means on, where the server has a watermark configured
+    "use_beam_search": False,
+    "echo": False,
+    "truncate_prompt_tokens": None,  # the whole prompt, never a cut one
+    "structured_outputs": None,
+    "response_format": None,
+    "repetition_detection": None,
+    "thinking_token_budget": None,
+    "logprob_token_ids": None,
+    "vllm_xargs": None,
+}
 
 
 class ServerReplyError(DagsterRLError):
     """The server answered something that is not what its API promises."""
+
+
+@dataclass(frozen=True)
+class ServerSampling:
+    """What a completion is sampled with, as the trainer scores it: the tempered distribution
+    (temperature 0: greedy), cut to its top-p nucleus, at most `max_tokens` tokens, ending at the
+    first of `stop_token_ids` (included) and at no other token."""
+
+    temperature: float
+    top_p: float
+    max_tokens: int
+    stop_token_ids: tuple[int, ...]
+
+    def fields(self) -> dict[str, Any]:
+        """The request's sampling fields: every one of them, never the server's defaults."""
+        return {
+            **NEUTRAL_SAMPLING,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            "stop_token_ids": list(self.stop_token_ids),
+            "ignore_eos": True,  # stop on stop_token_ids alone, not on the generation config's eos list too
+        }
 
 
 @dataclass(frozen=True)
@@ -31,77 +95,88 @@ class Completion:
     logprobs: list[float]  # of each sampled token
     finish_reason: str
     text: str
+    top_logprobs: list[dict[int, float]] | None = None  # with logprobs k >= 1: the top k (and the sampled) per position
 
 
-@dataclass(frozen=True)
+def completion_body(model: str, prompt_ids: list[int], sampling: ServerSampling, seed: int, logprobs: int = 0) -> dict[str, Any]:
+    """The /v1/completions request of one completion of a token-id prompt."""
+    return {
+        "model": model,
+        "prompt": list(prompt_ids),
+        "seed": seed,
+        **sampling.fields(),
+        "logprobs": logprobs,
+        "return_tokens_as_token_ids": True,
+        "stream": False,
+    }
+
+
+def token_id(token: Any) -> int:
+    m = TOKEN_ID.match(str(token))
+    if not m:
+        raise ServerReplyError(
+            f"rollout server returned the token {token!r}, not 'token_id:<id>': it ignores return_tokens_as_token_ids "
+            "per request (an older vLLM: start it with --return-tokens-as-token-ids)"
+        )
+    return int(m.group(1))
+
+
+def parse_completion(payload: Any, raw: bytes) -> Completion:
+    """A /v1/completions answer of one choice with logprobs, read as token ids and log-probabilities:
+    everything the rollout backend takes from a server's reply is read here."""
+    try:
+        choice = payload["choices"][0]
+        lp = choice["logprobs"]
+        tokens, logprobs = lp["tokens"], lp["token_logprobs"]
+        finish, text = str(choice["finish_reason"]), str(choice.get("text") or "")
+        tops = lp.get("top_logprobs")
+    except (KeyError, IndexError, TypeError):
+        raise ServerReplyError(f"rollout server answered a completion without logprobs: {raw[:300]!r}") from None
+    ids = [token_id(t) for t in tokens]
+    if len(ids) != len(logprobs) or any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in logprobs):
+        raise ServerReplyError(f"rollout server returned {len(ids)} tokens with log-probabilities {logprobs!r}")
+    top = None
+    if isinstance(tops, list) and tops and all(isinstance(d, dict) for d in tops):
+        top = [{token_id(t): float(v) for t, v in d.items()} for d in tops]
+    return Completion(ids, [float(v) for v in logprobs], finish, text, top)
+
+
 class VLLMClient:
-    base_url: str  # e.g. http://127.0.0.1:8000/v1
-    api_key: str | None = None
-    timeout_s: float = 60.0
+    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 60.0, max_connections: int = 64):
+        self.base_url = base_url.rstrip("/")  # e.g. http://127.0.0.1:8000/v1
+        self.http = JSONEndpoint(self.base_url, api_key, timeout_s, "rollout server", max_connections)
 
     @property
     def root(self) -> str:
         """The server's root (where /health is): base_url without its trailing /v1."""
-        url = self.base_url.rstrip("/")
-        return url[: -len("/v1")] if url.endswith("/v1") else url
-
-    def _call(self, method: str, path: str, body: Any | None = None, timeout_s: float | None = None) -> bytes:
-        url = self.base_url.rstrip("/") + path
-        return request(method, url, body, api_key=self.api_key, timeout_s=timeout_s or self.timeout_s, who="rollout server")
+        return self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
 
     def healthy(self, timeout_s: float = 2.0) -> bool:
         try:
-            request("GET", self.root + "/health", None, api_key=self.api_key, timeout_s=timeout_s, who="rollout server")
+            self.http.call("GET", self.root + "/health", timeout_s=timeout_s)
             return True
         except EndpointError:
             return False
 
     def models(self) -> list[dict[str, Any]]:
-        raw = self._call("GET", "/models")
+        payload, raw = self.http.call_json("GET", "/models")
         try:
-            data = json.loads(raw)["data"]
-            return [dict(card) for card in data]
-        except (ValueError, KeyError, TypeError):
+            return [dict(card) for card in payload["data"]]
+        except (KeyError, TypeError, ValueError):
             raise ServerReplyError(f"rollout server {self.base_url}/models answered no model list: {raw[:300]!r}") from None
 
     def load_adapter(self, name: str, path: str) -> None:
-        self._call("POST", "/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        self.http.call("POST", "/load_lora_adapter", {"lora_name": name, "lora_path": path})
 
     def unload_adapter(self, name: str) -> None:
-        self._call("POST", "/unload_lora_adapter", {"lora_name": name})
+        self.http.call("POST", "/unload_lora_adapter", {"lora_name": name})
 
-    def complete_tokens(
-        self, model: str, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float, seed: int, timeout_s: float | None = None
+    def complete(
+        self, model: str, prompt_ids: list[int], sampling: ServerSampling, seed: int, logprobs: int = 0, timeout_s: float | None = None
     ) -> Completion:
         """One completion of a token-id prompt, sampled with `seed`, as token ids and their log-probabilities."""
-        body = {
-            "model": model,
-            "prompt": list(prompt_ids),
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "seed": seed,
-            "n": 1,
-            "logprobs": 0,
-            "return_tokens_as_token_ids": True,
-        }
-        raw = self._call("POST", "/completions", body, timeout_s)
-        try:
-            choice = json.loads(raw)["choices"][0]
-            lp = choice["logprobs"]
-            tokens, logprobs = lp["tokens"], lp["token_logprobs"]
-            finish, text = str(choice["finish_reason"]), str(choice.get("text") or "")
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise ServerReplyError(f"rollout server answered a completion without logprobs: {raw[:300]!r}") from None
-        ids = []
-        for t in tokens:
-            m = TOKEN_ID.match(str(t))
-            if not m:
-                raise ServerReplyError(
-                    f"rollout server returned the token {t!r}, not 'token_id:<id>': it ignores return_tokens_as_token_ids "
-                    "per request (an older vLLM: start it with --return-tokens-as-token-ids)"
-                )
-            ids.append(int(m.group(1)))
-        if len(ids) != len(logprobs) or any(v is None for v in logprobs):
-            raise ServerReplyError(f"rollout server returned {len(ids)} tokens with log-probabilities {logprobs!r}")
-        return Completion(ids, [float(v) for v in logprobs], finish, text)
+        payload, raw = self.http.call_json("POST", "/completions", completion_body(model, prompt_ids, sampling, seed, logprobs), timeout_s)
+        return parse_completion(payload, raw)
+
+    def close(self) -> None:
+        self.http.close()

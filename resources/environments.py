@@ -42,9 +42,10 @@ class RolloutEnvironment(_Environment):
 
     Where the server is and how to reach it belong here, not in the experiment: the same experiment
     runs against whatever server this code location deploys, and its key stays out of experiment
-    files (use `EnvVar`). With `server_command` (where a machine has vLLM and a GPU, e.g.
-    `["vllm", "serve", "<model>", "--enable-lora", "--port", "8000"]`) the environment starts the
-    server when a backend first needs it, waits until it is healthy, and stops it when the run ends.
+    files (use `EnvVar`). With `server_command` (on a GPU machine e.g. `["vllm", "serve", "<model>",
+    "--enable-lora", "--port", "8000", ...]`; vLLM's CPU build: `dagster_rl.server_process.vllm_cpu_command`)
+    the environment starts the server when a backend first needs it, waits until it is healthy and
+    generates a token, and stops it when the run ends.
 
     Examples:
         .. code-block:: python

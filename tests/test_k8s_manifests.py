@@ -180,6 +180,7 @@ def test_the_helm_values_deploy_the_code_location_the_launcher_and_postgres():
     assert {v["persistentVolumeClaim"]["claimName"] for v in vllm["volumes"] if "persistentVolumeClaim" in v} == {storage["metadata"]["name"]}
     args = vllm["containers"][0]["args"]
     assert args[0] == qwen().policy.base_model and "--enable-lora" in args and "--logprobs-mode=processed_logprobs" in args
+    assert "--generation-config=vllm" in args and f"--dtype={qwen().policy.dtype}" in args
     assert int(next(a for a in args if a.startswith("--max-lora-rank=")).split("=")[1]) >= qwen().policy.lora.rank
     assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"} in vllm["containers"][0]["env"]
 

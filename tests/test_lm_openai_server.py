@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dagster_rl import counters
-from dagster_rl.http_json import EndpointError, request
+from dagster_rl.http_json import EndpointError, JSONEndpoint
 from dagster_rl.lm.experiment import LMExperiment
 from dagster_rl.lm.logprobs import completion_logprobs
 from dagster_rl.lm.loop import LMLoop
@@ -24,6 +24,7 @@ from dagster_rl.records import Rollouts, TrialFailed
 from dagster_rl.retries import Limits
 from dagster_rl.store import ArtifactStore
 from dagster_rl.task import Endpoint
+from dagster_rl.vllm_client import ServerSampling
 from resources import RolloutEnvironment
 from tests.conftest import shipped_settings
 from tests.harness import failure_message
@@ -37,8 +38,17 @@ def tiny(**overrides) -> dict:
     return shipped_settings("tiny_grpo", **overrides)
 
 
+# vLLM's LoRA adapts no lm_head: an openai_server experiment may not target it (tiny_grpo's does)
+SERVED_LORA = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "init_seed": 7}
+
+
 def served(**overrides) -> dict:
-    return tiny(rollout={"backend": "openai_server"}, **overrides)
+    policy = {"base_model": TINY, "lora": SERVED_LORA, **overrides.pop("policy", {})}
+    return tiny(rollout={"backend": "openai_server"}, policy=policy, **overrides)
+
+
+def server_sampling(temperature: float, max_tokens: int, stop: int = 1) -> ServerSampling:
+    return ServerSampling(temperature, 1.0, max_tokens, stop_token_ids=(stop,))  # builtin:tiny-qwen2's eos is 1
 
 
 @pytest.fixture(scope="module")
@@ -54,21 +64,23 @@ def rollouts_of(lab, name: str, step: str) -> Rollouts[LMRollout]:
 
 
 def post(server, path: str, body) -> tuple[int | None, object]:
-    try:
-        raw = request("POST", server.base_url + path, body, api_key=None, timeout_s=30, who="test")
-        return 200, raw.decode()
-    except EndpointError as e:
-        return e.status, json.loads(e.body)
+    with JSONEndpoint(server.base_url, timeout_s=30, who="test") as http:
+        try:
+            payload, raw = http.call_json("POST", path, body)
+            return 200, payload if payload is not None else raw.decode()
+        except EndpointError as e:
+            return e.status, json.loads(e.body)
 
 
 def test_the_server_speaks_vllms_api_and_samples_as_the_engine(server):
     cards = server.client.models()
     assert cards[0]["id"] == TINY and cards[0]["root"] == TINY and cards[0]["parent"] is None and cards[0]["object"] == "model"
     prompt = [3, 9, 11, 4]
-    raw = json.loads(request("POST", server.base_url + "/completions", {
+    status, raw = post(server, "/completions", {
         "model": TINY, "prompt": prompt, "max_tokens": 5, "temperature": 0.7, "top_p": 1.0, "seed": 1234,
         "logprobs": 0, "return_tokens_as_token_ids": True,
-    }, api_key=None, timeout_s=30, who="test"))  # fmt: skip
+    })  # fmt: skip
+    assert status == 200
     assert raw["object"] == "text_completion" and raw["model"] == TINY and raw["id"].startswith("cmpl-")
     choice = raw["choices"][0]
     assert set(choice) >= {"index", "text", "logprobs", "finish_reason", "stop_reason"}
@@ -82,13 +94,32 @@ def test_the_server_speaks_vllms_api_and_samples_as_the_engine(server):
     model, tok = load_base(TINY)
     sampling = SamplingSettings(temperature=0.7, top_p=1.0, max_new_tokens=5)
     ours = generate(model.eval(), [prompt], [1234], sampling, tok.eos_token_id, tok.pad_token_id)[0]
-    via = server.client.complete_tokens(TINY, prompt, max_tokens=5, temperature=0.7, top_p=1.0, seed=1234)
+    via = server.client.complete(TINY, prompt, server_sampling(0.7, 5), seed=1234)
     assert via.token_ids == ours.completion_ids == [int(t.split(":")[1]) for t in lp["tokens"]]
     with torch.inference_mode():
         expected = completion_logprobs(model, prompt, ours.completion_ids, 0.7).tolist()
     assert via.logprobs == pytest.approx(expected, abs=1e-6) and via.finish_reason == ours.finish_reason
-    other = server.client.complete_tokens(TINY, prompt, max_tokens=5, temperature=0.7, top_p=1.0, seed=99)
+    other = server.client.complete(TINY, prompt, server_sampling(0.7, 5), seed=99)
     assert other.token_ids != via.token_ids  # the seed decides
+
+    # logprobs k: the sampled token's and the top k of the same distribution, the sampled one first, as vLLM
+    top = server.client.complete(TINY, prompt, server_sampling(0.7, 5), seed=1234, logprobs=3)
+    assert top.token_ids == via.token_ids and top.logprobs == pytest.approx(via.logprobs, abs=1e-6)
+    for t, lp, d in zip(top.token_ids, top.logprobs, top.top_logprobs):
+        ids = list(d)
+        rest = [d[i] for i in ids[1:]]
+        assert ids[0] == t and d[t] == pytest.approx(lp) and rest == sorted(rest, reverse=True)
+        assert len(d) == 4 or (len(d) == 3 and lp >= rest[-1])  # listed once when it is among the top 3
+    # no logprobs asked: null, as vLLM answers
+    status, plain = post(server, "/completions", {"model": TINY, "prompt": prompt, "max_tokens": 2, "seed": 1})
+    assert status == 200 and plain["choices"][0]["logprobs"] is None
+    # a sampling field the server does not implement: a 400 naming it, never silence; its neutral value is accepted
+    for field, value in (("top_k", 20), ("repetition_penalty", 1.05), ("min_tokens", 2), ("stop", ["."]), ("min_p", 0.1)):
+        status, body = post(server, "/completions", {"model": TINY, "prompt": prompt, field: value})
+        assert status == 400 and body["error"]["param"] == field and field in body["error"]["message"], (field, body)
+    assert post(server, "/completions", {"model": TINY, "prompt": prompt, "top_k": 0, "repetition_penalty": 1.0, "stop": []})[0] == 200
+    status, body = post(server, "/completions", {"model": TINY, "prompt": prompt, "stop_token_ids": [5]})  # eos 1 and 5
+    assert status == 400 and body["error"]["param"] == "stop_token_ids"
 
     # errors have vLLM's shape: {"error": {message, type, param, code}} with the HTTP status
     status, body = post(server, "/completions", {"model": "nope", "prompt": prompt})
@@ -133,15 +164,15 @@ def test_the_backend_returns_the_hf_engines_rollouts_and_fails_trial_by_trial(se
 
 def test_tiny_grpo_through_a_managed_server_matches_the_hf_engine_token_for_token(lab, tmp_path):
     steps = ("0000", "0001")
-    hf = lab("hf", tiny())
+    hf = lab("hf", tiny(policy={"base_model": TINY, "lora": SERVED_LORA}))
     assert hf.run("tiny_grpo", *steps).success
     port = free_port()
     managed = RolloutEnvironment(base_url=f"http://127.0.0.1:{port}/v1", server_command=serve_command(port), max_concurrency=8)
     via = lab("served", served(), rollout=managed)
     result = via.run("tiny_grpo", *steps)
     assert result.success, failure_message(result)
-    with pytest.raises(EndpointError):  # the environment stopped the server it started at the end of the run
-        request("GET", f"http://127.0.0.1:{port}/health", None, api_key=None, timeout_s=2, who="test")
+    with pytest.raises(EndpointError), JSONEndpoint(f"http://127.0.0.1:{port}", timeout_s=2) as http:
+        http.call("GET", "/health")  # the environment stopped the server it started at the end of the run
 
     # Step 0000: both runs sample with the initial weights. Step 0001: each run samples with its own
     # step-0 weights, which agree to float rounding only (the server batches what arrives together,

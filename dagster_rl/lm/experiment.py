@@ -5,7 +5,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from dagster_rl import bounds
-from dagster_rl.experiment import Experiment, Strict
+from dagster_rl.experiment import Checks, Experiment, Strict
 from dagster_rl.pods import PodResources
 from dagster_rl.lm.settings import GRPOLMSettings, LMRubric, PolicySettings, SamplingSettings, WarmupSettings
 from dagster_rl.lm.prompts import PromptSource, SyntheticPrompts
@@ -19,6 +19,13 @@ class VerifiablePromptsTask(Strict):
     )
 
 
+# The modules vLLM's LoRA cannot adapt in the models it serves (0.32: measured for lm_head, which
+# load_lora_adapter refuses with HTTP 500; Qwen2 and Llama declare no embedding LoRA either).
+VLLM_CANNOT_ADAPT = ("lm_head", "embed_tokens")
+# What an `openai_server` request says beyond the experiment's sampling settings: 2, every sampling field.
+SERVER_REQUEST_VERSION = "all-sampling-fields-2"
+
+
 class LMRolloutSettings(Strict):
     """How a step's rollouts are generated. `hf`: batched `transformers` generation in the driver's
     process. `openai_server`: a warm vLLM server (or `dagster-rl serve`) over its OpenAI-compatible
@@ -28,9 +35,35 @@ class LMRolloutSettings(Strict):
 
     def cache_inputs(self) -> dict[str, str]:
         """What the engine adds to the rollouts' cache key: another engine samples other tokens from
-        the same seeds (vLLM's sampler), so its rollouts are other artifacts. (`hf`: nothing, the
-        keys of every run so far.)"""
-        return {} if self.backend == "hf" else {"engine": self.backend}
+        the same seeds (vLLM's sampler), so its rollouts are other artifacts; and what its requests
+        state. (`hf`: nothing, the keys of every run so far.)"""
+        return {} if self.backend == "hf" else {"engine": self.backend, "request": SERVER_REQUEST_VERSION}
+
+
+# The on_policy check's bounds by policy.dtype, on the trainer's log-probs of an on-policy step's
+# sampled tokens against the sampler's: (max |difference|, |mean difference|). float32 rounding is
+# ~1e-6 (measured on vLLM's CPU build and this project's engines). bfloat16 forwards differ per token
+# by up to 0.5-0.7 nats on a 0.5B model with nothing wrong (the max is a tail statistic), so the max
+# bound only catches gross errors there; a sampler that samples another distribution (a top-k or
+# top-p cut, a penalty, another temperature) shifts the mean, which rounding leaves near 0: README,
+# "Rollouts on a real vLLM", says what was measured.
+ON_POLICY_TOLERANCE = {"float32": (1e-3, 1e-3), "bfloat16": (1.0, 0.02)}
+
+
+class LMChecks(Checks):
+    on_policy_tolerance: float | None = Field(
+        None,
+        gt=0.0,
+        le=100.0,  # nats: a bound past ~100 checks nothing (float32 log-probs of a sampled token are > -104)
+        description="the on_policy check's bound on max |logp_trainer - logp_sampler| over an on-policy step's sampled "
+        "tokens; None: by policy.dtype (float32 1e-3, bfloat16 1.0)",
+    )
+    on_policy_mean_tolerance: float | None = Field(
+        None,
+        gt=0.0,
+        le=100.0,
+        description="its bound on |mean (logp_trainer - logp_sampler)|; None: by policy.dtype (float32 1e-3, bfloat16 0.02)",
+    )
 
 
 class LMTrainerSettings(Strict):
@@ -71,6 +104,7 @@ class LMExperiment(Experiment):
     rubric: LMRubric = LMRubric()
     grpo: GRPOLMSettings = GRPOLMSettings()
     rollout: LMRolloutSettings = LMRolloutSettings()
+    checks: LMChecks = LMChecks()
     trainer: LMTrainerSettings = LMTrainerSettings()
     warmup: WarmupSettings | None = Field(None, description="supervised warm-up of the adapter before step 0 (`<exp>/sft`)")
     max_policy_lag: Literal[0, 1] = Field(
@@ -106,6 +140,34 @@ class LMExperiment(Experiment):
                 f"{evaluated} tokens an evaluation may generate, more than {bounds.MAX_TOKENS_PER_STEP} (see dagster_rl.bounds)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _a_server_can_serve_it(self) -> "LMExperiment":
+        """What a vLLM server would refuse, or sample where the trainer does not score, refused at load."""
+        if self.rollout.backend != "openai_server":
+            return self
+        refused = [m for m in self.policy.lora.target_modules if m in VLLM_CANNOT_ADAPT]
+        if refused:
+            raise ValueError(
+                f"policy.lora.target_modules names {refused}: rollout backend openai_server serves every weights version as "
+                "a vLLM LoRA adapter, and vLLM cannot adapt those modules (its load_lora_adapter answers HTTP 500). Target "
+                "the attention and MLP projections (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj), or "
+                "generate with rollout backend hf"
+            )
+        if self.sampling.top_p < 1.0:
+            raise ValueError(
+                f"sampling.top_p is {self.sampling.top_p}: rollout backend openai_server needs top_p 1. The trainer scores "
+                "log softmax(logits / temperature) over the whole vocabulary; vLLM reports that only with top_p 1 "
+                "(--logprobs-mode processed_logprobs renormalizes over the top-p nucleus, raw_logprobs ignores the "
+                "temperature), so the on_policy check would stop every step"
+            )
+        return self
+
+    @property
+    def on_policy_tolerance(self) -> tuple[float, float]:
+        """(max |difference|, |mean difference|) the on_policy check allows."""
+        max_abs, mean_abs = ON_POLICY_TOLERANCE[self.policy.dtype]
+        return self.checks.on_policy_tolerance or max_abs, self.checks.on_policy_mean_tolerance or mean_abs
 
     def training_inputs(self) -> dict:
         # the trainer's backend and threads do not change the numbers; its world size does (all-reduce order)

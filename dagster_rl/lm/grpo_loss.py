@@ -22,6 +22,7 @@ class LossStats(BaseModel):
     kl: float  # mean k3 over tokens
     clip_frac: float  # share of tokens with |r - 1| > eps
     ratio_max_dev: float  # max over tokens of |r - 1|
+    logp_max_dev: float  # max over tokens of |new - old|: the on_policy check's number
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class BatchStats:
     kl: torch.Tensor
     clip_frac: torch.Tensor
     ratio_max_dev: torch.Tensor  # scalar
+    logp_max_dev: torch.Tensor  # scalar: max |new - old| over the batch's tokens (new before any update: the trainer's
+    # log-prob of what the sampler drew, against the sampler's own)
+    logp_dev_sum: torch.Tensor  # scalar: sum of (new - old) over the batch's tokens (their mean is a bias, where there is one)
 
 
 def grpo_batch_loss(
@@ -71,6 +75,8 @@ def grpo_batch_loss(
         kl=kl.detach(),
         clip_frac=token_mean((dev > clip_eps).to(weight)),
         ratio_max_dev=torch.where(mask, dev, 0.0).max(),
+        logp_max_dev=torch.where(mask, (new_logp.detach() - old_logp).abs(), 0.0).max(),
+        logp_dev_sum=torch.where(mask, new_logp.detach() - old_logp, 0.0).sum(),
     )
     return loss, stats
 
@@ -98,4 +104,5 @@ def grpo_sample_loss(
         kl=float(stats.kl[0]),
         clip_frac=float(stats.clip_frac[0]),
         ratio_max_dev=float(stats.ratio_max_dev),
+        logp_max_dev=float(stats.logp_max_dev),
     )

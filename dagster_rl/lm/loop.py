@@ -8,6 +8,11 @@ another thread and is awaited after step k+1 trains.
 With a `warmup` section, step 0 starts from the supervised warm-up's adapter (`lm.warmup`, the
 `<exp>/sft` asset), stored under a key of everything it depends on; with `grpo.kl_reference: sft`
 the KL term's reference is that adapter, else the original base.
+
+Every step reports its `on_policy` check: where the behavior policy is the trained policy, the
+trainer's log-probability of each sampled token must equal the sampler's within the dtype's
+tolerance. A step that fails it has its rollouts moved aside (and, pipelined, those of the step
+generated a step ahead by the same sampler), so that a re-run after the fix samples them again.
 """
 
 import time
@@ -20,7 +25,7 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from dagster_rl import counters
-from dagster_rl.checks import CheckOutcome, step_checks
+from dagster_rl.checks import CheckOutcome, on_policy, step_checks
 from dagster_rl.experiment import step_key
 from dagster_rl.hashing import cache_key, canonical_json
 from dagster_rl.lm.evaluation import Evaluation, evaluate
@@ -40,7 +45,7 @@ CODE_VERSIONS = {
     "warmup": "sft-lora-1",
     "rollouts": "hf-rollouts-2",  # 2: behavior log-probs recorded by the sampler
     "rewards": "lm-rubric-1",
-    "weights": "grpo-lora-2",  # 2: packed micro-batches
+    "weights": "grpo-lora-3",  # 2: packed micro-batches; 3: the trainer reports logp_max_dev (on_policy)
     "evaluation": "greedy-eval-1",
 }
 Checkpoint = dict[str, bytes]  # file name -> bytes: adapter, its config, optimizer state, version
@@ -57,6 +62,7 @@ class Generated:
 
     rollouts: Rollouts[LMRollout]
     rollouts_ref: ArtifactRef
+    rollouts_key: str  # the key of the complete set (rollouts_ref is a partial one when trials failed)
     rewards: Rewards[LMReward]
     rewards_ref: ArtifactRef
     cache: dict[str, str]
@@ -94,6 +100,18 @@ def adapter_finite(checkpoint: Checkpoint) -> CheckOutcome:
     bad = sorted(name for name, t in tensors.items() if t.is_floating_point() and not bool(t.isfinite().all()))
     message = f"all {len(tensors)} tensors finite" if not bad else f"non-finite values in {bad[:5]}"
     return CheckOutcome(name="weights_finite", passed=not bad, message=message, value=float(len(bad)))
+
+
+def _passed(result: StepResult, check: str) -> bool:
+    return all(c.passed for c in result.checks if c.name == check)
+
+
+def _discard_rollouts(store: ArtifactStore, gen: Generated) -> None:
+    """Move a step's rollouts aside (its complete set, and the latest partial of it), so that a re-run
+    samples them again instead of finding them: they were not sampled from the policy the trainer scores."""
+    for key in dict.fromkeys([gen.rollouts_ref.key, gen.rollouts_key, store.partial("rollouts", gen.rollouts_key)]):
+        if key is not None and store.exists("rollouts", key):
+            store.warn(f"rollouts {key[:16]} of step {step_key(gen.rollouts.step)} are off-policy: {store.move_aside('rollouts', key, 'off_policy')}")
 
 
 class LMLoop:
@@ -193,9 +211,17 @@ class LMLoop:
                     if lag and k < last:  # step k+1 generates with the weights of step k-1 while step k trains
                         generating = generate(k + 1)
                     result, weights[k] = self._train(exp, k, weights[k - 1], gen, store, backends, reference)
-                    if not lag and k < last:
+                    if lag and k < last and not _passed(result, "on_policy"):  # step k+1 was sampled by the same sampler
+                        try:
+                            _discard_rollouts(store, generating.result())
+                        except Exception as e:  # noqa: BLE001 - its generation failed: nothing of it to discard
+                            warn(f"step {step_key(k + 1)}'s generation failed too: {e!r}")
+                    passed = all(c.passed for c in result.checks)
+                    if not lag and k < last and passed:
                         generating = generate(k + 1)
                     yield result
+                    if not passed:  # a failed blocking check ends the range (the driver stops there too)
+                        return
                     while evaluating:  # evaluation of step k-1 is awaited after step k trains
                         yield evaluating.pop(0).result()
                     evaluating.append(eval_pool.submit(self._evaluate, exp, k, weights[k], base, initial, prompts, store))
@@ -241,6 +267,7 @@ class LMLoop:
         return Generated(
             rollouts.value,
             rollouts.ref,
+            self._rollouts_key(exp, step, behavior),
             rewards.value,
             rewards.ref,
             cache={"rollouts": rollouts.cache, "rewards": rewards.cache},
@@ -295,6 +322,17 @@ class LMLoop:
 
         rewards = gen.rewards.rewards
         tokens = {r.trial_id: len(r.completion_token_ids) for r in gen.rollouts.trajectories}
+        behavior_version = int(gen.rollouts.behavior_policy["version"])
+        sampled_as_trained = on_policy(
+            stats.metrics.get("logp_max_dev"),
+            stats.metrics.get("logp_mean_dev"),
+            exp.on_policy_tolerance,
+            exp.policy.dtype,
+            behavior_version,
+            previous.version,
+        )
+        if not sampled_as_trained.passed:
+            _discard_rollouts(store, gen)
         result = StepResult(
             step=step,
             n_trials=len(rewards),
@@ -310,12 +348,18 @@ class LMLoop:
             trials_executed=gen.trials,
             judge_calls=gen.judge_calls,
             metrics={
-                **{k: stats.metrics[k] for k in ("loss", "ratio", "ratio_max_dev", "kl", "clip_frac", "grad_norm", "samples_used", "groups_with_signal")},
-                "policy_lag": float(previous.version - int(gen.rollouts.behavior_policy["version"])),
+                **{
+                    k: stats.metrics[k]
+                    for k in (
+                        "loss", "ratio", "ratio_max_dev", "logp_max_dev", "logp_mean_dev", "kl", "clip_frac", "grad_norm",
+                        "samples_used", "groups_with_signal",
+                    )  # fmt: skip
+                },
+                "policy_lag": float(previous.version - behavior_version),
                 "mean_completion_tokens": mean([float(tokens[r.trial_id]) for r in rewards]),
             },
             timings={"generate_s": gen.seconds, "train_s": time.monotonic() - t0},
-            checks=step_checks(exp, adapter_finite(weights.payload), rewards, gen.rollouts.n_trials_planned),
+            checks=[*step_checks(exp, adapter_finite(weights.payload), rewards, gen.rollouts.n_trials_planned), sampled_as_trained],
         )
         backends.progress.end(step)
         return result, weights

@@ -2,17 +2,21 @@
 `dagster-rl serve`) over its OpenAI-compatible API (`dagster_rl.vllm_client`).
 
 - One request per trial: the prompt as token ids (tokenized here, as the `hf` engine does), the
-  trial's seed, `logprobs: 0` and `return_tokens_as_token_ids`, so the completion comes back as
-  token ids with each sampled token's log-probability. Requests go out `max_concurrency` at a time;
-  each trial has its own retries and time limit, and a trial that still fails is skipped.
+  trial's seed, every sampling field (the experiment's temperature, top_p and max_new_tokens, the
+  tokenizer's eos as the one stop token, everything else neutral: `vllm_client.ServerSampling`, so
+  the model's generation config cannot change what is sampled), `logprobs: 0` and
+  `return_tokens_as_token_ids`, so the completion comes back as token ids with each sampled token's
+  log-probability. Requests go out `max_concurrency` at a time over one pooled HTTP client; each
+  trial has its own retries and time limit, and a trial that still fails is skipped.
 - The behavior weights are served as their own adapter, `<experiment>-v<version>`, read from the
   weights' artifact folder (or a copy under the endpoint's `adapter_dir`). The name comes from the
   weights record, never from a counter of this process, so a resumed or retried run loads the
   behavior policy's own version and the numbering continues. An adapter of that name whose path is
   another one (a run over another store, other settings) is replaced, not trusted. Versions of the
   experiment older than the behavior's are unloaded: the pipeline never generates with them again.
-- vLLM's log-probabilities are those this project records only with top_p 1 and, for a
-  temperature other than 1, `--logprobs-mode processed_logprobs` (see deploy/k8s/vllm.yaml).
+- vLLM's log-probabilities are those the trainer scores only with top_p 1 (the experiment refuses
+  `openai_server` with top_p < 1 at load) and, for a temperature other than 1, `--logprobs-mode
+  processed_logprobs` (see deploy/k8s/vllm.yaml). The step's `on_policy` check compares them.
 """
 
 import re
@@ -39,7 +43,7 @@ from dagster_rl.lm.tiny import resolve_model
 from dagster_rl.records import TrialFailed
 from dagster_rl.retries import AttemptsExhausted, Limits, with_retries
 from dagster_rl.task import Endpoint, Weights
-from dagster_rl.vllm_client import VLLMClient
+from dagster_rl.vllm_client import ServerSampling, VLLMClient
 
 Checkpoint = dict[str, bytes]
 
@@ -71,10 +75,13 @@ class ServerRollouts:
     limits: Limits = Limits()
     _tokenizers: dict[str, PreTrainedTokenizerBase] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    client: VLLMClient = field(init=False)
+    _mode_checked: bool = field(default=False, init=False)
 
-    @property
-    def client(self) -> VLLMClient:
-        return VLLMClient(self.endpoint.base_url, self.endpoint.api_key, self.endpoint.request_timeout_s)
+    def __post_init__(self) -> None:
+        # one connection pool for the backend's life: as many connections as trials run at once
+        e = self.endpoint
+        self.client = VLLMClient(e.base_url, e.api_key, e.request_timeout_s, max_connections=max(self.limits.max_concurrency, 4))
 
     def tokenizer(self, base_model: str) -> PreTrainedTokenizerBase:
         with self._lock:
@@ -93,6 +100,10 @@ class ServerRollouts:
         if self.endpoint.start is not None:
             self.endpoint.start()
         name = self.serve(exp, behavior)
+        if requests:
+            self.check_logprobs_mode(name, encode_prompt(tok, requests[0].item, template))
+        s = exp.sampling
+        sampling = ServerSampling(s.temperature, s.top_p, s.max_new_tokens, stop_token_ids=(tok.eos_token_id,))
 
         def trial(r: RolloutRequest) -> LMRollout | TrialFailed:
             prompt_ids = encode_prompt(tok, r.item, template)
@@ -100,17 +111,14 @@ class ServerRollouts:
             def attempt(n: int) -> LMRollout:
                 counters.bump("trials_executed")
                 maybe_fail(exp.faults.flaky_trial_rate, n, exp.seed, "trial", r.trial_id)
-                c = self.client.complete_tokens(
+                c = self.client.complete(
                     name,
                     prompt_ids,
-                    max_tokens=exp.sampling.max_new_tokens,
-                    temperature=exp.sampling.temperature,
-                    top_p=exp.sampling.top_p,
+                    sampling,
                     seed=r.seed % 2**63,  # vLLM takes a signed 64-bit seed; the sampler uses seed mod 2^63 anyway
                     timeout_s=min(self.endpoint.request_timeout_s, self.limits.timeout_s),
                 )
                 text = tok.decode(c.token_ids, skip_special_tokens=True)
-                s = exp.sampling
                 return rollout_of(r, prompt_ids, c.token_ids, text, c.logprobs, c.finish_reason, s.temperature, s.top_p, behavior.version)
 
             try:
@@ -120,6 +128,28 @@ class ServerRollouts:
 
         with ThreadPoolExecutor(self.limits.max_concurrency, "rollout") as pool:
             return list(pool.map(trial, requests))
+
+    def check_logprobs_mode(self, model: str, prompt_ids: list[int]) -> None:
+        """Refuse a server that reports raw log-probabilities (vLLM's default `--logprobs-mode
+        raw_logprobs`): they ignore the temperature, and every processing of the logits the server
+        applies, so the on_policy check could not see what the server samples. Asked once: the top
+        log-probability of the next token of a prompt at two temperatures, equal only when untempered
+        (or where the model's next-token distribution is uniform)."""
+        with self._lock:
+            if self._mode_checked:
+                return
+            tops = [
+                max(self.client.complete(model, prompt_ids, ServerSampling(t, 1.0, 1, ()), seed=0, logprobs=1).top_logprobs[0].values())
+                for t in (1.0, 0.5)
+            ]
+            if abs(tops[0] - tops[1]) < 1e-6:
+                raise RolloutServerError(
+                    f"the rollout server at {self.endpoint.base_url} reports log-probabilities that do not depend on the "
+                    f"temperature (top log-prob {tops[0]:.6f} at temperature 1 and at 0.5): vLLM's default --logprobs-mode "
+                    "raw_logprobs. They are not those of the distribution it samples from, so the on_policy check could "
+                    "not see what it samples: start it with --logprobs-mode processed_logprobs"
+                )
+            self._mode_checked = True
 
     # ---- adapters ----------------------------------------------------------------------------
     def serve(self, exp: LMExperiment, behavior: Weights[Checkpoint]) -> str:

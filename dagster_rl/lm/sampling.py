@@ -10,7 +10,8 @@ Temperature 0 is greedy (argmax, first on ties).
 
 At every step the sampler also records log softmax(logits / temperature) of the token it drew,
 from the logits it drew it from (`logprobs.token_logprobs`): the behavior log-probs the loss's
-importance ratio needs, with no second forward.
+importance ratio needs, with no second forward; and, when asked (`top_logprobs` = k), the k most
+likely tokens of that distribution with theirs (what `dagster-rl serve` answers `logprobs: k` with).
 """
 
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ class Generation:
     completion_ids: list[int]
     logprobs: list[float]  # of each completion token, as sampled
     finish_reason: str  # "stop" (eos sampled, included) or "length"
+    top: list[list[tuple[int, float]]] | None = None  # per completion token: the top_logprobs most likely (id, log-prob)
 
 
 def choose_tokens(logits: torch.Tensor, temperature: float, top_p: float, uniforms: torch.Tensor | None) -> torch.Tensor:
@@ -76,8 +78,10 @@ def generate(
     sampling: SamplingSettings,
     eos_id: int,
     pad_id: int,
+    top_logprobs: int = 0,
 ) -> list[Generation]:
-    """Sample a completion for every prompt (left-padded batch, KV cache), row i seeded by seeds[i]."""
+    """Sample a completion for every prompt (left-padded batch, KV cache), row i seeded by seeds[i];
+    a row ends at `eos_id` (included; -1: never) or after max_new_tokens."""
     if len(prompts) != len(seeds):
         raise ValueError(f"{len(prompts)} prompts for {len(seeds)} seeds")
     if not prompts:
@@ -94,6 +98,8 @@ def generate(
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     tokens = torch.full((rows, steps), pad_id, dtype=torch.long, device=device)
     logps = torch.zeros((rows, steps), dtype=torch.float32, device=device)
+    top_ids = torch.zeros((rows, steps, top_logprobs), dtype=torch.long, device=device)
+    top_lps = torch.zeros((rows, steps, top_logprobs), dtype=torch.float32, device=device)
     done = torch.zeros(rows, dtype=torch.bool, device=device)
     # logits of the last position only: the (B, width, V) ones of a real vocabulary are gigabytes
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
@@ -104,13 +110,20 @@ def generate(
         chosen = torch.where(done, pad_id, chosen)  # finished rows feed padding (their draw goes unused)
         tokens[:, t] = chosen
         logps[:, t] = token_logprobs(logits, chosen, temperature)
+        if top_logprobs:
+            tempered = logits if temperature in (0, 1) else logits / temperature
+            top_lps[:, t], top_ids[:, t] = torch.topk(torch.log_softmax(tempered, dim=-1), min(top_logprobs, logits.shape[-1]), dim=-1)
         done |= chosen == eos_id
         if t + 1 == steps or bool(done.all()):
             break
         mask = torch.cat([mask, ones], dim=1)
         positions = positions[:, -1:] + 1
         out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=positions, use_cache=True, **_cache_kwarg(out))
-    return [_row(toks, lps, eos_id) for toks, lps in zip(tokens.tolist(), logps.tolist())]
+    gens = [_row(toks, lps, eos_id) for toks, lps in zip(tokens.tolist(), logps.tolist())]
+    if not top_logprobs:
+        return gens
+    tops = [[list(zip(i, v)) for i, v in zip(ids, lps)] for ids, lps in zip(top_ids.tolist(), top_lps.tolist())]
+    return [Generation(g.completion_ids, g.logprobs, g.finish_reason, top[: len(g.completion_ids)]) for g, top in zip(gens, tops)]
 
 
 def _row(tokens: list[int], logps: list[float], eos_id: int) -> Generation:

@@ -3,7 +3,8 @@ OpenAI-compatible API the `openai_server` rollout backend uses, with vLLM's fiel
 
     GET  /health, GET /v1/models
     POST /v1/completions            token-id (or text) prompts, seed, temperature, top_p, max_tokens,
-                                    logprobs: 0, return_tokens_as_token_ids
+                                    logprobs: k (the sampled token's and the top k), one stop token
+                                    (stop_token_ids / ignore_eos), return_tokens_as_token_ids
     POST /v1/load_lora_adapter      {lora_name, lora_path, load_inplace}: a PEFT adapter folder
     POST /v1/unload_lora_adapter    {lora_name}
 
@@ -14,7 +15,13 @@ generated through this server equals the `hf` engine's token for token (log-prob
 rounding: the engine folds the adapter into the weights, the server applies it per layer). Concurrent requests
 are batched (`Batcher`); adapters are PEFT adapters of one base model, switched per batch.
 
-Limits: one choice per request (n = 1), no streaming, no echo, `logprobs` 0 only (the sampled token).
+Every other field of vLLM's CompletionRequest that changes what is sampled (`NEUTRAL_ONLY`: top_k,
+min_p, the penalties, min_tokens, stop strings, ...) is accepted at its neutral value only, and any
+other value is a 400 naming the field: never silence. The server has no generation config: a field
+left out is neutral, as on vLLM started with `--generation-config vllm`. Fields that only shape the
+answer, and fields vLLM does not know, are ignored, as vLLM ignores unknown ones.
+
+Limits: one choice per request (n = 1), no streaming, no echo, at most one stop token.
 """
 
 import argparse
@@ -51,6 +58,41 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": int(self.status)}}
 
 
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+
+# vLLM's sampling fields this server does not implement: the values it accepts (the first one is
+# vLLM's neutral default); any other value is a 400 naming the field.
+NEUTRAL_ONLY: dict[str, tuple[Any, ...]] = {
+    "n": (1, None),
+    "best_of": (None, 1),
+    "use_beam_search": (False, None),
+    "echo": (False, None),
+    "stream": (False, None),
+    "suffix": (None,),
+    "top_k": (0, None),
+    "min_p": (0.0, None),
+    "repetition_penalty": (1.0, None),
+    "presence_penalty": (0.0, None),
+    "frequency_penalty": (0.0, None),
+    "length_penalty": (1.0, None),
+    "min_tokens": (0, None),
+    "stop": ([], None),
+    "logit_bias": (None, {}),
+    "allowed_token_ids": (None,),
+    "bad_words": ([], None),
+    "watermarking": (None, False),
+    "truncate_prompt_tokens": (None,),
+    "structured_outputs": (None,),
+    "response_format": (None, {"type": "text"}),
+    "repetition_detection": (None,),
+    "thinking_token_budget": (None,),
+    "logprob_token_ids": (None, []),
+    "prompt_logprobs": (None,),
+    "prompt_embeds": (None,),
+    "vllm_xargs": (None, {}),
+}
+
+
 @dataclass(frozen=True)
 class CompletionRequest:
     model: str
@@ -59,18 +101,22 @@ class CompletionRequest:
     temperature: float
     top_p: float
     seed: int
+    logprobs: int | None = None  # None: none asked; k: the sampled token's and the top k
+    stop_id: int = -1  # the one token that ends a completion (included); -1: none
+    stop_reason: int | None = None  # what the answer's stop_reason says when it stops there (vLLM: the id, or null for eos)
 
     @property
     def group(self) -> tuple:
         """Requests of one group run as one batch: same adapter, same sampling settings."""
-        return (self.model, self.max_tokens, self.temperature, self.top_p)
+        return (self.model, self.max_tokens, self.temperature, self.top_p, self.stop_id)
 
 
 @dataclass(frozen=True)
 class CompletionResult:
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # stop (eos sampled, included) | length
+    finish_reason: str  # stop (the stop token sampled, included) | length
+    top: list[list[tuple[int, float]]] | None = None  # per token: the top k (id, log-prob), when asked
 
 
 @dataclass
@@ -196,8 +242,12 @@ class Engine:
             if first.model not in self.adapters:  # the base model (or an adapter unloaded meanwhile)
                 self.check_model(first.model)
             model = self._select(first.model)
-            gens = generate(model, [r.prompt_ids for r in batch], [r.seed for r in batch], sampling, tok.eos_token_id, tok.pad_token_id)
-        return [CompletionResult(list(g.completion_ids), list(g.logprobs), g.finish_reason) for g in gens]
+            top = max(r.logprobs or 0 for r in batch)
+            gens = generate(model, [r.prompt_ids for r in batch], [r.seed for r in batch], sampling, first.stop_id, tok.pad_token_id, top)
+        return [
+            CompletionResult(list(g.completion_ids), list(g.logprobs), g.finish_reason, g.top and [t[: r.logprobs] for t in g.top])
+            for g, r in zip(gens, batch)
+        ]
 
     def _select(self, name: str) -> torch.nn.Module:
         if name in self.adapters:
@@ -219,14 +269,35 @@ class _BaseOnly(torch.nn.Module):
             return self.peft(*args, **kwargs)
 
 
+def _same(value: Any, neutral: Any) -> bool:
+    """`value` is `neutral` (JSON's true and false are not 1 and 0)."""
+    return isinstance(value, bool) == isinstance(neutral, bool) and value == neutral
+
+
+def _neutral_only(body: dict[str, Any]) -> None:
+    """A 400 naming the first field this server does not implement, sent at another value than its neutral one."""
+    for name, accepted in NEUTRAL_ONLY.items():
+        if name in body and not any(_same(body[name], v) for v in accepted):
+            raise APIError(
+                HTTPStatus.BAD_REQUEST,
+                f"this server does not implement {name} = {body[name]!r}: send {accepted[0]!r} or leave it out "
+                "(dagster-rl serve samples the tempered distribution, cut to top_p, up to max_tokens and one stop token)",
+                param=name,
+            )
+
+
+def _number(body: dict[str, Any], name: str, default: float, kind: type = float) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise APIError(HTTPStatus.BAD_REQUEST, f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}", param=name)
+    return kind(value)
+
+
 def parse_completion_request(body: dict[str, Any], engine: Engine) -> CompletionRequest:
     """A vLLM /v1/completions body, for the subset this server serves; errors as vLLM words them."""
-    if body.get("stream"):
-        raise APIError(HTTPStatus.BAD_REQUEST, "this server does not stream; send stream: false")
-    if int(body.get("n") or 1) != 1 or body.get("best_of") not in (None, 1) or body.get("echo"):
-        raise APIError(HTTPStatus.BAD_REQUEST, "this server returns one choice per request: n = 1, no best_of, no echo")
-    if body.get("logprobs") not in (None, 0):
-        raise APIError(HTTPStatus.BAD_REQUEST, "this server returns the sampled token's log-probability only: logprobs must be 0", param="logprobs")
+    _neutral_only(body)
     model = str(body.get("model") or engine.name)
     engine.check_model(model)
     prompt = body.get("prompt")
@@ -241,34 +312,69 @@ def parse_completion_request(body: dict[str, Any], engine: Engine) -> Completion
     vocab = len(engine.tokenizer)
     if not prompt_ids or any(not 0 <= t < vocab for t in prompt_ids):
         raise APIError(HTTPStatus.BAD_REQUEST, f"prompt token ids must be in [0, {vocab})", param="prompt")
-    try:
-        max_tokens, temperature = int(body.get("max_tokens") or 16), float(body.get("temperature", 1.0))
-        top_p, seed = float(body.get("top_p", 1.0)), body.get("seed")
-    except (TypeError, ValueError) as e:
-        raise APIError(HTTPStatus.BAD_REQUEST, f"invalid sampling parameter: {e}") from None
+    max_tokens, temperature = _number(body, "max_tokens", 16, int), _number(body, "temperature", 1.0)
+    top_p, logprobs = _number(body, "top_p", 1.0), body.get("logprobs")
     if max_tokens < 1 or temperature < 0 or not 0 < top_p <= 1:
         raise APIError(HTTPStatus.BAD_REQUEST, "need max_tokens >= 1, temperature >= 0, 0 < top_p <= 1")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS):
+        raise APIError(
+            HTTPStatus.BAD_REQUEST, f"Requested sample logprobs of {logprobs!r}, which is not in [0, max allowed: {MAX_LOGPROBS}]", param="logprobs"
+        )
+    seed = body.get("seed")
     if seed is None:
         seed = uuid.uuid4().int % 2**63  # vLLM samples unseeded requests at random too
     if not isinstance(seed, int) or isinstance(seed, bool) or not -(2**63) <= seed < 2**63:
         raise APIError(HTTPStatus.BAD_REQUEST, "seed must be an integer of 64 bits", param="seed")
-    return CompletionRequest(model, prompt_ids, max_tokens, temperature, top_p, seed)
+    stop_id, stop_reason = _stop_token(body, engine.tokenizer.eos_token_id, vocab)
+    return CompletionRequest(model, prompt_ids, max_tokens, temperature, top_p, seed, logprobs, stop_id, stop_reason)
+
+
+def _stop_token(body: dict[str, Any], eos_id: int, vocab: int) -> tuple[int, int | None]:
+    """The one token that ends a completion, and the stop_reason vLLM gives it: a `stop_token_ids`
+    id is its own reason, the eos (unless `ignore_eos`) has none; -1: none ends it early."""
+    ids = body.get("stop_token_ids") or []
+    if not isinstance(ids, list) or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+        raise APIError(HTTPStatus.BAD_REQUEST, f"stop_token_ids must be token ids in [0, {vocab})", param="stop_token_ids")
+    stops = dict.fromkeys([*([] if body.get("ignore_eos") else [eos_id]), *ids])
+    if len(stops) > 1:
+        raise APIError(
+            HTTPStatus.BAD_REQUEST,
+            f"this server stops on one token; the request stops on {list(stops)} (stop_token_ids, and the eos {eos_id} "
+            "unless ignore_eos): send ignore_eos: true with one stop token id",
+            param="stop_token_ids",
+        )
+    if not stops:
+        return -1, None
+    stop = next(iter(stops))
+    return stop, (None if stop == eos_id and not body.get("ignore_eos") else stop)
 
 
 def completion_response(req: CompletionRequest, result: CompletionResult, engine: Engine, as_token_ids: bool) -> dict[str, Any]:
     """vLLM's CompletionResponse for one prompt and one choice."""
     tok = engine.tokenizer
-    tokens = [f"token_id:{t}" if as_token_ids else tok.decode([t]) for t in result.token_ids]
-    offsets, pos = [], 0
-    for t in tokens:
-        offsets.append(pos)
-        pos += len(t)
-    logprobs = {
-        "text_offset": offsets,
-        "token_logprobs": [max(v, -9999.0) for v in result.logprobs],
-        "tokens": tokens,
-        "top_logprobs": [{t: max(v, -9999.0)} for t, v in zip(tokens, result.logprobs)],
-    }
+
+    def name(t: int) -> str:
+        return f"token_id:{t}" if as_token_ids else tok.decode([t])
+
+    logprobs = None
+    if req.logprobs is not None:
+        tokens = [name(t) for t in result.token_ids]
+        offsets, pos = [], 0
+        for t in tokens:
+            offsets.append(pos)
+            pos += len(t)
+        tops = result.top or [[] for _ in tokens]
+        logprobs = {
+            "text_offset": offsets,
+            "token_logprobs": [max(v, -9999.0) for v in result.logprobs],
+            "tokens": tokens,
+            # as vLLM: the sampled token first, then the top k (a token listed once)
+            "top_logprobs": [
+                {name(i): max(v, -9999.0) for i, v in [(t, lp), *[(i, v) for i, v in top if i != t]]}
+                for t, lp, top in zip(result.token_ids, result.logprobs, tops)
+            ],
+        }
+    stopped = result.finish_reason == "stop"
     n_prompt, n_completion = len(req.prompt_ids), len(result.token_ids)
     return {
         "id": f"cmpl-{uuid.uuid4().hex}",
@@ -281,7 +387,7 @@ def completion_response(req: CompletionRequest, result: CompletionResult, engine
                 "text": tok.decode(result.token_ids, skip_special_tokens=True),
                 "logprobs": logprobs,
                 "finish_reason": result.finish_reason,
-                "stop_reason": None,
+                "stop_reason": req.stop_reason if stopped else None,
                 "prompt_logprobs": None,
             }
         ],
@@ -359,9 +465,13 @@ def make_server(engine: Engine, host: str, port: int, max_batch: int = 64) -> Th
             engine.unload_adapter(name)
             return 200, f"Success: LoRA adapter '{name}' removed successfully."
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    return _Server((host, port), Handler)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # the listen backlog: a step's trials connect at once; http.server's 5 resets the connections beyond it
+    request_queue_size = 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ from dagster_rl.lm.experiment import LMExperiment
 from dagster_rl.lm.grading import LMGrading
 from dagster_rl.lm.rewards import score
 from dagster_rl.store import ArtifactStore
-from dagster_rl.task import Command, RolloutEnv, StepAssetSpec, Task, TrainerEnv, WarmupResult, WarmupSpec, register
+from dagster_rl.task import CheckSpec, Command, RolloutEnv, StepAssetSpec, Task, TrainerEnv, WarmupResult, WarmupSpec, register
 
 
 def _loop():
@@ -115,5 +115,14 @@ TASK = register(
             ),
         ),
         commands={"serve": SERVE},
+        checks=(
+            CheckSpec(
+                "on_policy",
+                "Where the rollouts' behavior policy is the trained policy, the trainer's log-probability of every sampled "
+                "token equals the sampler's within the dtype's tolerance (float32: max and mean 1e-3; bfloat16: max 1.0, mean "
+                "0.02); lagged steps report the drift. "
+                "A failure moves the step's rollouts aside and names the likely causes.",
+            ),
+        ),
     )
 )

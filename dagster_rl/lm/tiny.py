@@ -13,9 +13,13 @@ Digits are always single tokens, and decoding gives back the text exactly ("12" 
 
 Built-in models, by name (`builtin:<name>`; what a name builds never changes, since machines cache
 the folder by name): `tiny-qwen2` (the 68-token vocabulary above, hidden 64, 2 layers, no chat
-template), and `tiny-qwen2-gsm8k` for the GSM8K-format word problems of `lm.word_problems`: every
+template), `tiny-qwen2-gsm8k` for the GSM8K-format word problems of `lm.word_problems`: every
 byte plus each word of their vocabulary as one token, ChatML special tokens and a chat template
-(`<|im_start|>user ... <|im_end|>`, eos `<|im_end|>`), hidden 64, 2 layers.
+(`<|im_start|>user ... <|im_end|>`, eos `<|im_end|>`), hidden 64, 2 layers; and `tiny-qwen2-vllm`,
+a model a real vLLM serves on the CPU: `tiny-qwen2`'s tokenizer, hidden 128 with 4 heads (head size
+32: vLLM's CPU attention runs 32, 64, 80, ... and not 16), and the sampling defaults a real model
+folder carries in its `generation_config.json`: Qwen2.5-Instruct's (`QWEN25_INSTRUCT_SAMPLING`,
+with two eos ids), which a server must not apply to rollouts the trainer scores.
 """
 
 import json
@@ -98,19 +102,26 @@ def tiny_config(vocab_size: int, pad_id: int, eos_id: int, hidden: int = 64, lay
     )
 
 
+# The sampling defaults of Qwen2.5-Instruct's generation_config.json (its eos ids are its own vocabulary's).
+QWEN25_INSTRUCT_SAMPLING = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
+
+
 @dataclass(frozen=True)
 class Builtin:
-    """A model built in code: its tokenizer, its size, the seed of its random weights."""
+    """A model built in code: its tokenizer, its size, the seed of its random weights, and the
+    sampling defaults its generation_config.json carries (None: transformers' own file)."""
 
     tokenizer: Callable[[], Qwen2Tokenizer]
     seed: int = 0
     hidden: int = 64
     layers: int = 2
+    generation: dict | None = None
 
 
 BUILTINS = {
     "tiny-qwen2": Builtin(tiny_tokenizer),
     "tiny-qwen2-gsm8k": Builtin(gsm8k_tokenizer),
+    "tiny-qwen2-vllm": Builtin(tiny_tokenizer, hidden=128, generation=QWEN25_INSTRUCT_SAMPLING),
 }
 
 
@@ -129,8 +140,13 @@ def save_tiny_model(directory: Path | str, seed: int = 0, builtin: str = "tiny-q
     """Write a built-in model and its tokenizer as a Hugging Face model folder; return the folder."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    spec = BUILTINS[builtin]
     tiny_model(seed, builtin).save_pretrained(directory, safe_serialization=True)
-    BUILTINS[builtin].tokenizer().save_pretrained(directory)
+    tok = spec.tokenizer()
+    tok.save_pretrained(directory)
+    if spec.generation is not None:  # as a real model folder has it: sampling defaults, and two eos ids (eos, then pad)
+        generation = {**spec.generation, "eos_token_id": [tok.eos_token_id, tok.pad_token_id], "pad_token_id": tok.pad_token_id}
+        (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     return directory
 
 

@@ -48,6 +48,8 @@ class TrainMetrics(Record):
     kl: float
     clip_frac: float
     ratio_max_dev: float  # max over the step's tokens of |ratio - 1|: float noise on-policy, the lag's drift off it
+    logp_max_dev: float  # max over the step's tokens of |trainer's log-prob - sampler's| before the update (on_policy)
+    logp_mean_dev: float  # mean over the step's tokens of (trainer's log-prob - sampler's): a bias, where there is one
     grad_norm: float  # before clipping
     samples_used: int
     groups: int
@@ -139,8 +141,8 @@ def train_step(
     forward_model = ddp if ddp is not None else model
     scale = world_size / total_samples
     device = next(model.parameters()).device
-    sums = torch.zeros(5, dtype=torch.float64, device=device)  # loss, ratio, kl, clip_frac, samples
-    max_dev = torch.zeros((), dtype=torch.float64, device=device)
+    sums = torch.zeros(7, dtype=torch.float64, device=device)  # loss, ratio, kl, clip_frac, samples, logp dev sum, tokens
+    max_dev = torch.zeros(2, dtype=torch.float64, device=device)  # max |ratio - 1|, max |new - old|
     pad = policy.tokenizer.pad_token_id
     batches = [_pack([samples[i] for i in idx], pad, device) for idx in micro_batches(samples, grpo.micro_batch_tokens)]
     cuda = [device.index or 0] if device.type == "cuda" else []
@@ -159,13 +161,14 @@ def train_step(
                 (loss.sum() * scale).backward()
                 sums[:4] += torch.stack([x.sum() for x in (loss.detach(), stats.ratio, stats.kl, stats.clip_frac)]).double()
                 sums[4] += len(adv)
-                max_dev = torch.maximum(max_dev, stats.ratio_max_dev.double())
+                sums[5:] += torch.stack([stats.logp_dev_sum.double(), batch.completion_mask.sum().double()])
+                max_dev = torch.maximum(max_dev, torch.stack([stats.ratio_max_dev, stats.logp_max_dev]).double())
         if ddp is not None:
             sync = ddp(input_ids=torch.tensor([[pad]], device=device), use_cache=False)
             (sync.logits.float().sum() * 0.0).backward()  # the one synchronizing backward
             dist.all_reduce(sums)
             dist.all_reduce(max_dev, op=dist.ReduceOp.MAX)
-    sums, max_dev = sums.cpu(), float(max_dev)
+    sums, (max_dev, logp_dev) = sums.cpu(), max_dev.tolist()
     named = policy.trainable()
     for _, p in named:
         if p.grad is None:  # single process, no sample touched it
@@ -186,6 +189,8 @@ def train_step(
         kl=float(sums[2]) / n,
         clip_frac=float(sums[3]) / n,
         ratio_max_dev=max_dev,
+        logp_max_dev=logp_dev,
+        logp_mean_dev=float(sums[5]) / max(float(sums[6]), 1.0),
         grad_norm=float(grad_norm),
         samples_used=int(n),
         groups=int(facts["groups"]),

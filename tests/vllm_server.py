@@ -1,0 +1,85 @@
+"""A real vLLM server (the CPU build in .venv-vllm, `make vllm`) for the tests, on 127.0.0.1:
+
+    from tests.vllm_server import vllm  # a session-scoped fixture: one server for every test that shares it
+    def test_x(vllm): vllm.base_url, vllm.model, vllm.client, vllm.log()
+
+It is started and stopped the way a run does it: by a `RolloutEnvironment` with `server_command`
+(the managed start waits for /health and a first token; the stop ends its process group), on a
+model folder built in code (`builtin:tiny-qwen2-vllm`: head size 32, Qwen2.5-Instruct's sampling
+defaults in its generation_config.json). The server keeps vLLM's default `--generation-config
+auto`, so those defaults apply to every field a request leaves out: the requests alone must keep
+rollouts on-policy. `--logprobs-mode processed_logprobs`, as deploy/k8s/vllm.yaml.
+
+Without .venv-vllm the tests that use it skip, unless env CI is set: then they fail, so a CI that
+lost vLLM cannot pass by skipping.
+"""
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dagster_rl.lm.tiny import save_tiny_model
+from dagster_rl.server_process import vllm_cpu_command
+from dagster_rl.vllm_client import VLLMClient
+from resources import RolloutEnvironment
+from tests.postgres import in_ci
+from tests.servers import REPO, free_port
+
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+STARTUP_TIMEOUT_S = 900.0  # ~1-2.5 min on 2 shared cores; more while tests load the machine
+
+
+def require_vllm() -> str:
+    """.venv-vllm's python; skip the test when it is absent, fail instead under CI."""
+    if not VLLM_PYTHON.exists():
+        reason = f"vLLM's CPU build is not installed at {VLLM_PYTHON.parent.parent}: run `make vllm`"
+        if in_ci():
+            pytest.fail(f"CI is set and {reason}", pytrace=False)
+        pytest.skip(reason)
+    return str(VLLM_PYTHON)
+
+
+def vllm_model(folder: Path) -> Path:
+    return save_tiny_model(folder, builtin="tiny-qwen2-vllm")
+
+
+@dataclass
+class RealVLLM:
+    environment: RolloutEnvironment  # the one that started it (and stops it at the end of the session)
+    model: str  # the model folder: /v1/models names the base model by it
+    started_in_s: float
+
+    @property
+    def base_url(self) -> str:
+        return self.environment.base_url
+
+    @property
+    def client(self) -> VLLMClient:
+        return VLLMClient(self.base_url, timeout_s=120)
+
+    def log(self) -> str:
+        server = self.environment._server
+        return server.log_path.read_text(errors="replace") if server is not None else ""
+
+    def shared(self, **limits) -> RolloutEnvironment:
+        """A rollout environment for a test's runs: this server as someone else's (no command: a run's end leaves it up)."""
+        return RolloutEnvironment(base_url=self.base_url, request_timeout_s=120, **{"max_concurrency": 8, **limits})
+
+
+@pytest.fixture(scope="session")
+def vllm(tmp_path_factory):
+    python = require_vllm()
+    model = vllm_model(tmp_path_factory.mktemp("vllm-model") / "tiny-qwen2-vllm")
+    port = free_port()
+    command = vllm_cpu_command(str(model), port, python=python, generation_config=None)  # vLLM's default: the folder's
+    env = RolloutEnvironment(base_url=f"http://127.0.0.1:{port}/v1", server_command=command, server_startup_timeout_s=STARTUP_TIMEOUT_S)
+    t0 = time.monotonic()
+    env.endpoint().start()  # what a backend calls before its first request
+    server = RealVLLM(env, str(model), time.monotonic() - t0)
+    print(f"\nvLLM ready in {server.started_in_s:.0f} s at {server.base_url}")
+    yield server
+    proc = env._server.proc if env._server is not None else None
+    env.teardown_after_execution(None)  # what the end of a run calls
+    assert proc is not None and proc.poll() is not None and not server.client.healthy(), "the managed vLLM did not stop"
