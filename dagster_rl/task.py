@@ -30,6 +30,9 @@ A task provides, in its own package:
    and step 0's weights are its weights. The loop's `initial_weights` returns them (computing them
    through the artifact cache when the asset has not run); the Dagster layer builds the asset.
 7. `commands`: subcommands it adds to the `dagster-rl` CLI (the language models' `serve`).
+8. `status_columns`: the columns it adds to `dagster-rl status` (column -> a metadata key of the
+   step's weights or of its step assets, and of the warm-up on the warm-up's row): the agentic
+   task's `mean_turns`, a language model's held-out accuracy.
 
 Words, one per idea:
     experiment   one YAML file's settings, validated by the task's `Experiment` subclass
@@ -249,6 +252,7 @@ class Task(Generic[E]):
     step_assets: tuple[StepAssetSpec, ...] = field(default=())
     warmup: WarmupSpec | None = None
     commands: Mapping[str, Command] = field(default_factory=dict)
+    status_columns: Mapping[str, str] = field(default_factory=dict)
 
     def warmup_of(self, exp: E) -> WarmupSpec | None:
         """The warm-up asset this experiment has, if any."""

@@ -115,5 +115,6 @@ TASK = register(
             ),
         ),
         commands={"serve": SERVE},
+        status_columns={"heldout_acc": "accuracy"},  # of the step's `evaluation`, and of the warm-up
     )
 )
