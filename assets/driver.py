@@ -318,16 +318,16 @@ def _drive(
                 raise SimulatedCrash(f"driver crash after step {step_key(step)} on attempt 0 (faults.crash_driver_at_step)")
 
 
-def _timed(items: Iterator) -> Iterator[tuple]:
+def _timed(items: Iterator, clock: Callable[[], float] = time.monotonic) -> Iterator[tuple]:
     """(item, seconds the loop took to produce it): the time the driver waited for each step, not
     the time Dagster took to record what the driver yielded (materializations, checks)."""
     while True:
-        began = time.monotonic()
+        began = clock()
         try:
             item = next(items)
         except StopIteration:
             return
-        yield item, time.monotonic() - began
+        yield item, clock() - began
 
 
 def _range_of(context: AssetExecutionContext, exp: Experiment) -> list[int]:
