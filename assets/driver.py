@@ -268,6 +268,7 @@ def _no_retry_unless_retryable(context: AssetExecutionContext, error: DagsterRLE
 
 
 PROGRESS_EVERY_S = 30.0  # while a step or a long phase runs, its progress is logged at least this often
+FIRST_PROGRESS_S = 10.0  # and first this soon
 
 
 def _drive(
@@ -368,13 +369,17 @@ def numbers_line(values: dict[str, float | int | str]) -> str:
 
 @contextmanager
 def reporting(progress: Progress, log: Callable[[str], None], every_s: float) -> Iterator[None]:
-    """Log the progress of the running steps every `every_s` seconds, in a thread, while inside."""
+    """Log the progress of the running steps and phases in a thread, while inside: first after
+    `min(FIRST_PROGRESS_S, every_s)` (a run's step process takes some seconds to start: the console
+    is never silent for `every_s` from the run's start), then every `every_s` seconds."""
     stop = threading.Event()
 
     def tick() -> None:
-        while not stop.wait(every_s):
+        wait = min(FIRST_PROGRESS_S, every_s)
+        while not stop.wait(wait):
             for line in progress.lines():
                 log(line)
+            wait = every_s
 
     thread = threading.Thread(target=tick, name="dagster-rl-progress", daemon=True)
     thread.start()
