@@ -24,7 +24,7 @@ from typing import Any
 
 from assets.chain import CHAIN, step_assets
 from assets.experiments import experiments_dir, problems, read
-from assets.run_range import range_tags, run_range
+from assets.run_tags import range_tags, run_range
 from dagster_rl.errors import CorruptArtifactError, DagsterRLError, StoreLinkError
 from dagster_rl.experiment import Experiment, step_key
 from dagster_rl.task import BUILTIN_TASKS, task_of
@@ -258,7 +258,7 @@ def cmd_runs(args: argparse.Namespace) -> None:
     """The experiment's latest runs, newest first: id, status, steps, start, and a failed run's error."""
     from dagster import RunsFilter
 
-    from assets.concurrency import EXPERIMENT_TAG
+    from assets.run_tags import EXPERIMENT_TAG
 
     exp = _experiment(args.experiment)
     with _instance() as instance:

@@ -24,6 +24,9 @@ and at the experiment's runs still marked started:
 - a live run: this run's log names it and says that this run waits for it.
 A run whose process ran on another machine (a Kubernetes pod) is left to run monitoring
 (`K8sRunLauncher` checks its pod); once it is marked failed, its slot is freed here.
+
+Before any of this, the executor tags a run of an experiment's steps with its range, and refuses
+one that names no range (`assets.run_tags`).
 """
 
 import os
@@ -40,11 +43,10 @@ from dagster_k8s import k8s_job_executor
 from sqlalchemy.exc import IntegrityError
 
 from assets.console import CONSOLE
-from assets.run_range import MAX_RETRIES_TAG, RANGE_TAG, no_range, run_range
+from assets.run_tags import EXPERIMENT_TAG, MAX_RETRIES_TAG, RANGE_TAG, no_range, run_range
 from resources.run_launcher import kill_and_wait, leftover_processes, process_alive, process_started_at
 
 POOL_PREFIX = "dagster_rl/"
-EXPERIMENT_TAG = "dagster_rl/experiment"
 PROCESS_TAG = "dagster_rl/process"  # host|boot id|pid|process start time of the run's orchestrating process
 WATCH_EVERY_S = 5.0
 LIVE = (DagsterRunStatus.STARTED, DagsterRunStatus.STARTING)
@@ -181,7 +183,7 @@ class ExperimentExecutor(Executor):
 
 def _check_range(plan_context, steps: list, pools: list[str]) -> None:
     """Tag the run with its range of steps; refuse a run of an experiment's steps that names none,
-    before any step runs, and tag it never to be retried (see `assets.run_range`)."""
+    before any step runs, and tag it never to be retried (see `assets.run_tags`)."""
     instance, run = plan_context.instance, plan_context.dagster_run
     partitioned = any(o.properties is not None and o.properties.is_asset_partitioned for s in steps for o in s.step_outputs)
     if not partitioned or not pools:

@@ -18,7 +18,7 @@ import sys
 
 from dagster import DagsterEventType, Field, logger
 
-from assets.run_range import run_range
+from assets.run_tags import run_range
 
 CONSOLE = {"dagster_rl_console": True}  # `extra` of a log call whose line belongs on the console
 _LIFECYCLE = (DagsterEventType.RUN_START, DagsterEventType.RUN_SUCCESS, DagsterEventType.RUN_FAILURE, DagsterEventType.STEP_FAILURE)

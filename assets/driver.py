@@ -47,7 +47,7 @@ from assets.chain import CHAIN, step_assets
 from assets.concurrency import experiment_pool
 from assets.console import CONSOLE
 from assets.predecessor import expect_recorded, starting_weights
-from assets.run_range import no_range
+from assets.run_tags import no_range
 from dagster_rl.checks import CHECK_NAMES
 from dagster_rl.errors import CheckFailedError, DagsterRLError, SimulatedCrash
 from dagster_rl.experiment import Experiment, step_key
@@ -202,8 +202,8 @@ def build_warmup(exp: Experiment):
 
 
 def warming_up(key: AssetKey) -> str:
-    """What the console says while a warm-up runs (it is computed once, then read from the store)."""
-    return f"{key.to_user_string()}: the warm-up (computed once per content key, then read from the artifact store)"
+    """What the console says while a warm-up runs (computed once, then read from the artifact store)."""
+    return f"{key.to_user_string()}: warming up"
 
 
 def superseded(context: AssetExecutionContext, exp: Experiment, result: StepResult, asset: str) -> dict[str, MetadataValue]:
@@ -284,8 +284,8 @@ def _drive(
     store = artifact_store.get_store(warn=context.log.warning)
     expect_recorded(context.instance, exp, step_assets(exp), steps, store, warmup_key(exp))  # the event log's record
     info = _run_info(context)
-    progress = Progress()
-    with reporting(progress, lambda line: context.log.info(line, extra=CONSOLE), PROGRESS_EVERY_S):
+    progress, idle = Progress(), f"{exp.name}: steps {step_key(steps[0])}...{step_key(steps[-1])}"
+    with reporting(progress, lambda line: context.log.info(line, extra=CONSOLE), PROGRESS_EVERY_S, idle):
         if steps[0] == 0:
             yield from _ensure_warmup(context, exp, store, progress)
         loop = task_of(exp.kind).loop()
@@ -333,7 +333,7 @@ def _timed(items: Iterator, clock: Callable[[], float] = time.monotonic) -> Iter
 
 def _range_of(context: AssetExecutionContext, exp: Experiment) -> list[int]:
     """The run's steps, in order; an error that says how to write the range when it is empty or has holes."""
-    if not (context.has_partition_key_range or context.has_partition_key):  # the executor refuses it first (`assets.run_range`)
+    if not (context.has_partition_key_range or context.has_partition_key):  # the executor refuses it first (`assets.run_tags`)
         raise no_range(context.run.job_name, exp.name, exp.step_keys)
     steps = sorted(int(k) for k in context.partition_keys)
     if not steps:
@@ -368,16 +368,17 @@ def numbers_line(values: dict[str, float | int | str]) -> str:
 
 
 @contextmanager
-def reporting(progress: Progress, log: Callable[[str], None], every_s: float) -> Iterator[None]:
+def reporting(progress: Progress, log: Callable[[str], None], every_s: float, idle: str = "") -> Iterator[None]:
     """Log the progress of the running steps and phases in a thread, while inside: first after
     `min(FIRST_PROGRESS_S, every_s)` (a run's step process takes some seconds to start: the console
-    is never silent for `every_s` from the run's start), then every `every_s` seconds."""
-    stop = threading.Event()
+    is never silent for `every_s` from the run's start), then every `every_s` seconds. Between
+    steps and phases, `idle` says what runs (e.g. `demo: steps 0000...0007`)."""
+    stop, began = threading.Event(), time.monotonic()
 
     def tick() -> None:
         wait = min(FIRST_PROGRESS_S, every_s)
         while not stop.wait(wait):
-            for line in progress.lines():
+            for line in progress.lines() or ([f"{idle}, {time.monotonic() - began:.0f} s so far"] if idle else []):
                 log(line)
             wait = every_s
 

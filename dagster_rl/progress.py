@@ -59,7 +59,7 @@ class Progress:
 
     @contextmanager
     def doing(self, what: str) -> Iterator[None]:
-        """A long phase, e.g. `demo/sft: the warm-up`, listed by `lines()` until the block ends."""
+        """A long phase, e.g. `demo/sft: warming up`, listed by `lines()` until the block ends."""
         with self._lock:
             key = max(self._doing, default=0) + 1
             self._doing[key] = (what, time.monotonic())
@@ -71,7 +71,7 @@ class Progress:
 
     def lines(self) -> list[str]:
         """One line per step in progress, e.g. `step 0003: 12/24 trials generated, 10/24 judged; generating, 35 s into the step`,
-        then one per long phase, e.g. `demo/sft: the warm-up, 60 s so far`."""
+        then one per long phase, e.g. `demo/sft: warming up, 60 s so far`."""
         now = time.monotonic()
         with self._lock:
             return [

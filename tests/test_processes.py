@@ -90,6 +90,7 @@ def test_a_range_after_a_gap_prints_the_error_and_its_fix_on_the_terminal_and_th
         [run] = instance.get_runs()
         [failure] = instance.all_logs(run.run_id, of_type=DagsterEventType.STEP_FAILURE)
     assert re.fullmatch(rf"\d\d:\d\d:\d\d run {run.run_id[:8]} started \(steps 0002\.\.\.0003\)", lines[0]), lines
+    assert run.tags["dagster_rl/range"] == "0002...0003"  # the UI's Runs page shows the range beside the run
     failed = f"ERROR run {run.run_id[:8]} failed (steps 0002...0003). Its full log, with the traceback, is on the run's page"
     assert any(line[9:].startswith(failed) for line in lines), lines
     assert lines[-1] == "Error: Materialization failed." and len(lines) == 4, lines  # Dagster's CLI says the last line

@@ -41,6 +41,11 @@ def test_the_driver_reports_a_long_phase_while_it_runs():
         while not said and time.monotonic() < deadline:
             time.sleep(0.01)
     assert said and said[0].startswith("tiny_gsm8k/sft: the warm-up, ")
+    said.clear()
+    with reporting(progress, said.append, every_s=0.05, idle="demo: steps 0000...0007"):  # between phases
+        while not said and time.monotonic() < deadline + 10:
+            time.sleep(0.01)
+    assert re.fullmatch(r"demo: steps 0000\.\.\.0007, \d+ s so far", said[0]), said
 
 
 def test_a_step_time_is_the_time_the_loop_took_not_the_time_dagster_took_to_record_it():

@@ -174,7 +174,7 @@ class LMLoop:
         weights = {first - 1: start}  # step -> the weights it produced; -1: initial
         if lag and first - 2 >= -1:
             weights[first - 2] = self._trained_from(exp, store, start, first - 2)
-        with backends.progress.doing(f"{exp.name}: the base model's and the initial weights (computed once, then read from the store)"):
+        with backends.progress.doing(f"{exp.name}: loading the base model and the initial weights"):
             base = self.base_weights(exp, store)
             initial = self.initial_weights(exp, store)
         reference = initial if exp.grpo.kl_reference == "sft" else None

@@ -1,4 +1,5 @@
-"""The range of steps a run drives, as its tags say it, and what a run without one gets.
+"""The tags of an experiment's runs: the range of steps a run drives, as its tags say it, and what a
+run without one gets; the experiment a run belongs to.
 
 A run of an experiment's steps names its range with Dagster's partition tags:
 `dagster/asset_partition_range_start` and `_end` (a UI backfill, `dagster asset materialize
@@ -16,6 +17,7 @@ No Dagster import here: `dagster-rl` reads it before it loads Dagster.
 from dagster_rl.errors import DagsterRLError
 from dagster_rl.experiment import step_key
 
+EXPERIMENT_TAG = "dagster_rl/experiment"  # set by the executor (`assets.concurrency`); `dagster-rl runs` reads it
 RANGE_TAG = "dagster_rl/range"
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 PARTITION = "dagster/partition"
