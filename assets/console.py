@@ -54,8 +54,8 @@ def event_line(event, run_id: str | None, tags: dict) -> str | None:
         return user_error(error) if error is not None else None
     if kind == DagsterEventType.RUN_FAILURE:
         reason = getattr(data, "failure_reason", None)
-        said = "" if error is None or getattr(reason, "value", None) == "STEP_FAILURE" else f": {user_error(error)}"
-        return f"{run} failed{what}{said}. Its full log, with the traceback, is on the run's page in the UI (make ui, Runs)."
+        said = f": {user_error(error)}\n" if error is not None and getattr(reason, "value", None) != "STEP_FAILURE" else ". "
+        return f"{run} failed{what}{said}Its full log, with the traceback, is on the run's page in the UI (make ui, Runs)."
     return None
 
 
