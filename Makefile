@@ -4,10 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 DEMO_RANGE ?= 0000...0007
-# The terminal shows a line per step (the code location's console logger at INFO); the run's full
-# event log stays in the instance, where the UI shows it. Two Dagster CLI notices are silenced.
-DEMO_LOGS := --config-json '{"loggers": {"console": {"config": {"log_level": "INFO"}}}}'
-QUIET := PYTHONWARNINGS='ignore::FutureWarning,ignore:Parameter `include_sources`'
+EXP ?= demo
+RANGE ?=
+# `make ui` serves on $(PORT), else on the first free port from 3000 (and says which)
+PORT ?=
 
 # vLLM's CPU build in a venv of its own (it pins its own torch): the tests that run a real vLLM
 # server use it (tests/vllm_server.py; skipped without it, failed under CI). The version matches the
@@ -17,7 +17,7 @@ QUIET := PYTHONWARNINGS='ignore::FutureWarning,ignore:Parameter `include_sources
 VLLM_VERSION := 0.32.0
 VLLM_VENV := .venv-vllm
 
-.PHONY: install vllm demo test bench ui clean
+.PHONY: install vllm demo train status test bench ui clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,9 +45,18 @@ $(DAGSTER_HOME)/dagster.yaml:
 	cp deploy/dagster.local.yaml $@
 	$(BIN)/dagster instance migrate > $(DAGSTER_HOME)/migrate.log 2>&1 || (cat $(DAGSTER_HOME)/migrate.log; exit 1)
 
+# The terminal shows a line per step (the code location's console logger); the run's full event log
+# stays in the instance, where the UI shows it.
 demo: install $(DAGSTER_HOME)/dagster.yaml
-	$(QUIET) $(BIN)/dagster asset materialize -m assets.definitions --select 'group:demo' --partition-range $(DEMO_RANGE) $(DEMO_LOGS)
+	$(BIN)/dagster-rl train demo $(DEMO_RANGE)
 	$(BIN)/dagster-rl status demo
+
+# make train EXP=<experiment> [RANGE=0008...0011] (default: every step); make status EXP=<experiment>
+train: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/dagster-rl train $(EXP) $(RANGE)
+
+status: install
+	$(BIN)/dagster-rl status $(EXP)
 
 test: install
 	$(BIN)/python -m pytest -q
@@ -56,7 +65,9 @@ bench: install
 	$(BIN)/python bench/driver_overhead.py
 
 ui: install $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	@port=$${PORT:-$$($(BIN)/python -c 'import socket; print(next(p for p in range(3000, 3100) if socket.socket().connect_ex(("127.0.0.1", p))))')}; \
+	echo "Dagster UI: http://127.0.0.1:$$port (DAGSTER_HOME=$(DAGSTER_HOME); PORT=<n> make ui to choose the port)"; \
+	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $$port
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .dagster_home

@@ -1,11 +1,18 @@
-"""`dagster-rl`: what the Dagster CLI does not say directly, read from the Dagster instance and the
-artifact store ($DAGSTER_HOME/artifacts unless `--artifacts` names another fsspec URL), and the
-subcommands tasks add (`dagster-rl serve`: a model over vLLM's OpenAI-compatible API).
+"""`dagster-rl`: train an experiment's steps, and what the Dagster CLI does not say directly, read
+from the Dagster instance and the artifact store ($DAGSTER_HOME/artifacts unless `--artifacts`
+names another fsspec URL); and the subcommands tasks add (`dagster-rl serve`: a model over vLLM's
+OpenAI-compatible API).
 
-Artifacts are found by the key a materialization records, checked to be a content key, under the
-store given here: metadata never becomes a path, and a moved DAGSTER_HOME or store still works.
-`status`, `lineage` and `verify` only read: a bad artifact is reported, never moved; `verify
---repair` moves the bad ones to the store's quarantine (as a run that reads them would).
+`train` runs a range of steps as one run of the experiment's `<exp>_train` job on the instance
+(in this process, as `dagster asset materialize` does), after checking the experiment, the range
+and DAGSTER_HOME, and prints the concise console (`assets.console`). Artifacts are found by the key
+a materialization records, checked to be a content key, under the store given here: metadata never
+becomes a path, and a moved DAGSTER_HOME or store still works. `status`, `runs`, `lineage` and
+`verify` only read: a bad artifact is reported, never moved; `verify --repair` moves the bad ones to
+the store's quarantine (as a run that reads them would).
+
+Dagster, torch and the task's heavy modules are imported by the commands that use them, so that
+`--help` and `status` answer at once (`bench/cli_startup.py` measures it).
 """
 
 import argparse
@@ -15,37 +22,54 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
-
-from assets.driver import CHAIN, step_assets
+from assets.chain import CHAIN, step_assets
 from assets.experiments import experiments_dir, problems, read
-from assets.predecessor import artifact_of
+from assets.run_tags import range_tags, run_range
 from dagster_rl.errors import CorruptArtifactError, DagsterRLError, StoreLinkError
 from dagster_rl.experiment import Experiment, step_key
-from dagster_rl.lineage import trace
-from dagster_rl.store import ArtifactStore, check_key
 from dagster_rl.task import BUILTIN_TASKS, task_of
-from resources.artifact_store import DAGSTER_HOME_UNSET, default_artifact_url
 
-COLUMNS = ("step", "state", "cache", "trials", "mean_reward", "success", "mean_turns", "weights_v", "attempt")
+REPO = Path(__file__).resolve().parent.parent
+BASE_COLUMNS = ("step", "state", "cache", "trials", "mean_reward", "success")
+LAST_COLUMNS = ("weights_v", "attempt")
 
 
-def latest(instance: DagsterInstance, exp: Experiment, asset: str, step: str) -> dict | None:
-    """The metadata values of the latest materialization of `<exp>/<asset>` for `step`, and its run id."""
-    records = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey([exp.name, asset]), asset_partitions=[step]), limit=1).records
+def latest(instance, exp: Experiment, asset: str, step: str | None) -> dict | None:
+    """The metadata values of the latest materialization of `<exp>/<asset>` for `step` (None: an
+    unpartitioned asset, the warm-up), and its run id."""
+    from dagster import AssetKey, AssetRecordsFilter
+
+    key = AssetKey([exp.name, asset])
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=key, asset_partitions=[step]) if step is not None else key, limit=1
+    ).records
     if not records:
         return None
     return {"run_id": records[0].run_id, **{k: v.value for k, v in records[0].asset_materialization.metadata.items()}}
 
 
-def step_rows(instance: DagsterInstance, exp: Experiment, store: ArtifactStore | None = None) -> list[dict[str, str]]:
-    """One row per step; with a store, a step whose artifacts are gone from it reads `missing`."""
-    rows = []
+def _shown(value: Any) -> str:
+    """A number as the table shows it: 3 significant digits (`0.805`, `3.17`, `1`)."""
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def task_columns(exp: Experiment) -> dict[str, str]:
+    """The columns the experiment's task adds to the table (column -> metadata key): the agentic
+    task's `mean_turns`, a language model's held-out accuracy."""
+    return dict(task_of(exp.kind).status_columns)
+
+
+def step_rows(instance, exp: Experiment, store=None) -> list[dict[str, str]]:
+    """One row per step (after a warm-up row when the experiment has one); with a store, a step
+    whose artifacts are gone from it reads `missing`."""
+    columns, extra = task_columns(exp), [a for a in step_assets(exp) if a not in CHAIN]
+    rows = [row] if (row := warmup_row(instance, exp, columns)) else []
     for step in exp.step_keys:
         md = latest(instance, exp, "weights", step)
         if md is None:
             rows.append({"step": step, "state": "-"})
             continue
+        others = [m for a in extra if (m := latest(instance, exp, a, step)) is not None]  # e.g. its held-out evaluation
         row = {
             "step": step,
             "state": "materialized",
@@ -53,7 +77,7 @@ def step_rows(instance: DagsterInstance, exp: Experiment, store: ArtifactStore |
             "trials": f"{md.get('n_trials')}/{md.get('n_trials_planned')}",
             "mean_reward": f"{md.get('mean_reward', float('nan')):.3f}",
             "success": f"{md.get('success_rate', float('nan')):.2f}",
-            "mean_turns": f"{md['mean_turns']:.2f}" if "mean_turns" in md else "",
+            **{c: _shown(v) for c, key in columns.items() if (v := next((m[key] for m in [md, *others] if key in m), None)) is not None},
             "weights_v": str(md.get("weights_version", "")),
             "attempt": str(md.get("attempt", "")),
         }
@@ -72,7 +96,21 @@ def step_rows(instance: DagsterInstance, exp: Experiment, store: ArtifactStore |
     return rows
 
 
-def _artifact_present(instance: DagsterInstance, exp: Experiment, asset: str, step: str, store: ArtifactStore) -> bool:
+def warmup_row(instance, exp: Experiment, columns: dict[str, str]) -> dict[str, str] | None:
+    """The warm-up's row (`<exp>/sft`, computed once before step 0000), or None when it has none."""
+    spec = task_of(exp.kind).warmup_of(exp)
+    if spec is None:
+        return None
+    md = latest(instance, exp, spec.name, None)
+    if md is None:
+        return {"step": spec.name, "state": "-"}
+    shown = {c: _shown(md[key]) for c, key in columns.items() if key in md}
+    return {"step": spec.name, "state": "materialized", "cache": str(md.get("cache", "")), **shown, "weights_v": "0"}
+
+
+def _artifact_present(instance, exp: Experiment, asset: str, step: str, store) -> bool:
+    from assets.predecessor import artifact_of
+
     md = latest(instance, exp, asset, step)
     try:
         return md is not None and store.exists(*artifact_of(md, asset))
@@ -80,10 +118,14 @@ def _artifact_present(instance: DagsterInstance, exp: Experiment, asset: str, st
         return False
 
 
-def format_table(rows: list[dict[str, str]]) -> str:
-    widths = {c: max(len(c), *(len(r.get(c, "")) for r in rows)) for c in COLUMNS}
-    lines = ["  ".join(c.ljust(widths[c]) for c in COLUMNS)]
-    lines += ["  ".join(r.get(c, "").ljust(widths[c]) for c in COLUMNS).rstrip() for r in rows]
+def format_table(rows: list[dict[str, str]], columns: tuple[str, ...] | None = None) -> str:
+    """The rows as a table: the base columns, the task's (only those some row fills), weights_v, attempt."""
+    if columns is None:
+        middle = {c for r in rows for c in r} - {*BASE_COLUMNS, *LAST_COLUMNS, "notes"}
+        columns = (*BASE_COLUMNS, *sorted(middle), *LAST_COLUMNS)
+    widths = {c: max(len(c), *(len(r.get(c, "")) for r in rows)) for c in columns}
+    lines = ["  ".join(c.ljust(widths[c]) for c in columns)]
+    lines += ["  ".join(r.get(c, "").ljust(widths[c]) for c in columns).rstrip() for r in rows]
     notes = [f"{r['step']}: {note}" for r in rows for note in r.get("notes", [])]
     return "\n".join(lines + notes)
 
@@ -102,15 +144,41 @@ def _experiment(name: str) -> Experiment:
     sys.exit(f"dagster-rl: no experiment named {name!r} in {experiments_dir()}; known: {known}{more}")
 
 
-def _store(args: argparse.Namespace, repair: bool = False) -> ArtifactStore:
+def _store(args: argparse.Namespace, repair: bool = False):
     """The artifact store, read-only unless `repair` (verify --repair): nothing is moved aside."""
+    from dagster_rl.store import ArtifactStore
+    from resources.artifact_store import default_artifact_url
+
     return ArtifactStore(args.artifacts or default_artifact_url(), quarantine=repair)
 
 
-def _instance() -> DagsterInstance:
-    """The instance of $DAGSTER_HOME; exits saying what to set when it is unset (never a throwaway one)."""
-    if not os.environ.get("DAGSTER_HOME", "").strip():
-        sys.exit(f"dagster-rl: {DAGSTER_HOME_UNSET}")
+NEW_HOME = (
+    "make demo creates one there; or:\n"
+    "    mkdir -p $DAGSTER_HOME && cp deploy/dagster.local.yaml $DAGSTER_HOME/dagster.yaml && .venv/bin/dagster instance migrate"
+)
+
+
+def home_problem() -> str | None:
+    """What is wrong with $DAGSTER_HOME for Dagster (unset, relative, not a folder), and what to do."""
+    from resources.artifact_store import DAGSTER_HOME_UNSET
+
+    home = os.environ.get("DAGSTER_HOME", "").strip()
+    if not home:
+        return DAGSTER_HOME_UNSET
+    if not os.path.isabs(home):
+        return f"DAGSTER_HOME={home} is a relative path, which Dagster refuses: set an absolute one, e.g.\n    export DAGSTER_HOME=$PWD/{home}"
+    if not Path(home).is_dir():
+        return f"DAGSTER_HOME={home} is not a folder: {NEW_HOME}"
+    return None
+
+
+def _instance():
+    """The instance of $DAGSTER_HOME; exits saying what to set when it cannot be one (never a throwaway one)."""
+    problem = home_problem()
+    if problem:
+        sys.exit(f"dagster-rl: {problem}")
+    from dagster import DagsterInstance
+
     return DagsterInstance.get()
 
 
@@ -121,9 +189,120 @@ def cmd_status(args: argparse.Namespace) -> None:
     if not args.all:
         last = max((i for i, r in enumerate(rows) if r["state"] != "-"), default=-1)
         rows = rows[: max(last + 2, 1)]
-    done = sum(r["state"] == "materialized" for r in rows)
+    done = sum(r["state"] == "materialized" and r["step"].isdigit() for r in rows)
     print(f"experiment {exp.name}: {done} of {exp.n_steps} steps materialized")
     print(format_table(rows))
+
+
+def parse_range(exp: Experiment, text: str | None) -> tuple[int, int]:
+    """(first, last) of `FIRST...LAST` or one step (`7`, `0007`); every step when None. Exits
+    with what to write instead when it is not a range of the experiment's steps."""
+    if text is None:
+        return 0, exp.n_steps - 1
+    ends = text.split("...")
+    every = f"{exp.name}'s steps are 0000...{step_key(exp.n_steps - 1)}"
+    if len(ends) > 2 or not all(e.isdigit() for e in ends):
+        sys.exit(f"dagster-rl: {text!r} is not a range of steps: give FIRST...LAST (e.g. 0008...0011) or one step (e.g. 8); {every}")
+    first, last = int(ends[0]), int(ends[-1])
+    if last >= exp.n_steps:
+        sys.exit(
+            f"dagster-rl: the range {text} goes past the last step of {exp.name}, {step_key(exp.n_steps - 1)} "
+            f"(n_steps: {exp.n_steps} in its experiment file): give a range within 0000...{step_key(exp.n_steps - 1)}, or raise n_steps"
+        )
+    if first > last:
+        sys.exit(f"dagster-rl: the range {text} starts after it ends: give it as {step_key(last)}...{step_key(first)}")
+    return first, last
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    """Check the experiment, the range and DAGSTER_HOME; then run the range as one run of
+    `<exp>_train` on the instance, in this process, with the concise console."""
+    exp = _experiment(args.experiment)
+    first, last = parse_range(exp, args.range)
+    with _instance() as instance:
+        from assets.predecessor import missing_before
+
+        missing = missing_before(instance, exp, first)
+        if missing:
+            sys.exit(
+                f"dagster-rl: step {step_key(first)} of {exp.name} starts from the weights of step {step_key(first - 1)}, which "
+                f"are not materialized (missing: {', '.join(missing[:8])}{'...' if len(missing) > 8 else ''}). Run from step "
+                f"{missing[0]}, e.g.\n    .venv/bin/dagster-rl train {exp.name} {missing[0]}...{step_key(last)}"
+            )
+        result = _execute(instance, exp, first, last, args.log_level)
+    if not result.success:
+        sys.exit(1)  # the console said why
+
+
+def _execute(instance, exp: Experiment, first: int, last: int, log_level: str):
+    """One run of `<exp>_train` over first...last, as `dagster asset materialize` runs one: in this
+    process, each step in a child process of the code location's executor."""
+    import warnings
+
+    from dagster import execute_job
+    from dagster._core.definitions.reconstruct import ReconstructableRepository
+
+    with warnings.catch_warnings():  # Dagster's notices about its own API, not about this run
+        warnings.simplefilter("ignore", FutureWarning)
+        repository = ReconstructableRepository.for_module("assets.definitions", "defs", working_directory=str(REPO))
+        job = repository.get_reconstructable_job(f"{exp.name}_train")
+        return execute_job(
+            job,
+            instance,
+            run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+            tags=range_tags(first, last),
+        )
+
+
+def cmd_runs(args: argparse.Namespace) -> None:
+    """The experiment's latest runs, newest first: id, status, steps, start, and a failed run's error."""
+    from dagster import RunsFilter
+
+    from assets.run_tags import EXPERIMENT_TAG
+
+    exp = _experiment(args.experiment)
+    with _instance() as instance:
+        runs = instance.get_run_records(RunsFilter(tags={EXPERIMENT_TAG: exp.name}), limit=args.limit)
+        rows = [
+            {
+                "run": r.dagster_run.run_id,
+                "status": r.dagster_run.status.value,
+                "steps": r.dagster_run.tags.get("dagster_rl/range") or run_range(r.dagster_run.tags) or "-",
+                "started": _when(r.start_time),
+                "error": run_error(instance, r.dagster_run) if r.dagster_run.status.value == "FAILURE" else "",
+            }
+            for r in runs
+        ]
+    if not rows:
+        print(f"no run of {exp.name} in {os.environ['DAGSTER_HOME']}")
+        return
+    columns = ("run", "status", "steps", "started")
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns).rstrip())
+    for r in rows:
+        print("  ".join(r[c].ljust(widths[c]) for c in columns).rstrip())
+        if r["error"]:
+            print("    " + r["error"].replace("\n", "\n    "))
+
+
+def _when(timestamp: float | None) -> str:
+    from datetime import datetime
+
+    return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S") if timestamp else "-"
+
+
+def run_error(instance, run) -> str:
+    """The error a failed run's log records: its failed step's, else the run's own."""
+    from dagster import DagsterEventType
+
+    from assets.console import user_error
+
+    for event_type in (DagsterEventType.STEP_FAILURE, DagsterEventType.RUN_FAILURE):
+        records = instance.get_records_for_run(run.run_id, of_type=event_type, limit=1).records
+        error = getattr(records[0].event_log_entry.dagster_event.event_specific_data, "error", None) if records else None
+        if error is not None:
+            return user_error(error)
+    return "(no error recorded: see the run's log in the UI)"
 
 
 def parse_step(exp: Experiment, text: str) -> str:
@@ -134,6 +313,9 @@ def parse_step(exp: Experiment, text: str) -> str:
 
 
 def cmd_lineage(args: argparse.Namespace) -> None:
+    from dagster_rl.lineage import trace
+    from dagster_rl.store import check_key
+
     exp = _experiment(args.experiment)
     step = parse_step(exp, args.step)
     with _instance() as instance:
@@ -189,14 +371,13 @@ def cmd_verify(args: argparse.Namespace) -> None:
     sys.exit(1)
 
 
-def _materializations(instance: DagsterInstance, exp: Experiment):
+def _materializations(instance, exp: Experiment):
     """(step, asset, metadata) of the latest materialization of every step asset of every step, and
     of the warm-up (`<exp>/sft`, step ''), when there is one."""
     spec = task_of(exp.kind).warmup_of(exp)
     if spec is not None:
-        records = instance.fetch_materializations(AssetKey([exp.name, spec.name]), limit=1).records
-        if records:
-            md = {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
+        md = latest(instance, exp, spec.name, None)
+        if md is not None:
             yield "", spec.name, {"artifact_path": f"weights/{md.get('artifact_key')}", **md}  # a warm-up is weights
     for step in exp.step_keys:
         for asset in step_assets(exp):
@@ -205,9 +386,11 @@ def _materializations(instance: DagsterInstance, exp: Experiment):
                 yield step, asset, md
 
 
-def artifact_problem(store: ArtifactStore, md: dict, asset: str) -> tuple[str | None, Any]:
+def artifact_problem(store, md: dict, asset: str) -> tuple[str | None, Any]:
     """What is wrong with the artifact a materialization names (its files, a link, or a content
     hash other than the one the materialization recorded), and how `--repair` fixes it (or None)."""
+    from assets.predecessor import artifact_of
+
     try:
         kind, key = artifact_of(md, asset)
     except DagsterRLError as e:
@@ -239,13 +422,26 @@ def _seed_span(seeds: dict[str, int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="dagster-rl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifacts", default="", help="the artifact store's fsspec URL (default: $DAGSTER_HOME/artifacts)")
     sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser(
+        "train",
+        help="run a range of an experiment's steps as one run on $DAGSTER_HOME's instance, a line per step (checks first)",
+    )
+    train.add_argument("experiment")
+    train.add_argument("range", nargs="?", help="FIRST...LAST (e.g. 0008...0011) or one step (e.g. 8); default: every step")
+    train.add_argument("--log-level", default="INFO", help="the console's level: INFO (a line per step) or DEBUG (every event)")
+    train.set_defaults(fn=cmd_train)
     status = sub.add_parser("status", help="table of an experiment's steps, read from $DAGSTER_HOME")
     status.add_argument("experiment")
     status.add_argument("--all", action="store_true", help="list every step, not just up to the first missing one")
     status.set_defaults(fn=cmd_status)
+    runs = sub.add_parser("runs", help="an experiment's latest runs: id, status, steps, start, and a failed run's error")
+    runs.add_argument("experiment")
+    runs.add_argument("--limit", type=int, default=10, help="how many runs, newest first (default 10)")
+    runs.set_defaults(fn=cmd_runs)
     lineage = sub.add_parser("lineage", help="trace a step's weights back to step 0 through every behavior policy")
     lineage.add_argument("experiment")
     lineage.add_argument("step", help="step number, e.g. 7 or 0007")
@@ -261,7 +457,8 @@ def main(argv: list[str] | None = None) -> None:
     for kind in BUILTIN_TASKS:  # the tasks' own subcommands (the language models' `serve`)
         for name, command in task_of(kind).commands.items():
             cmd = sub.add_parser(name, help=command.help)
-            command.add_arguments(cmd)
+            if name in argv:  # its arguments only when it is asked for: defining them may import torch
+                command.add_arguments(cmd)
             cmd.set_defaults(fn=command.run)
     args = parser.parse_args(argv)
     args.fn(args)

@@ -24,6 +24,9 @@ and at the experiment's runs still marked started:
 - a live run: this run's log names it and says that this run waits for it.
 A run whose process ran on another machine (a Kubernetes pod) is left to run monitoring
 (`K8sRunLauncher` checks its pod); once it is marked failed, its slot is freed here.
+
+Before any of this, the executor tags a run of an experiment's steps with its range, and refuses
+one that names no range (`assets.run_tags`).
 """
 
 import os
@@ -40,10 +43,10 @@ from dagster_k8s import k8s_job_executor
 from sqlalchemy.exc import IntegrityError
 
 from assets.console import CONSOLE
+from assets.run_tags import EXPERIMENT_TAG, MAX_RETRIES_TAG, RANGE_TAG, no_range, run_range
 from resources.run_launcher import kill_and_wait, leftover_processes, process_alive, process_started_at
 
 POOL_PREFIX = "dagster_rl/"
-EXPERIMENT_TAG = "dagster_rl/experiment"
 PROCESS_TAG = "dagster_rl/process"  # host|boot id|pid|process start time of the run's orchestrating process
 WATCH_EVERY_S = 5.0
 LIVE = (DagsterRunStatus.STARTED, DagsterRunStatus.STARTING)
@@ -146,6 +149,7 @@ class ExperimentExecutor(Executor):
         instance, run = plan_context.instance, plan_context.dagster_run
         steps = [execution_plan.get_step_by_key(k) for k in execution_plan.step_keys_to_execute]
         pools = sorted({s.pool for s in steps if s.pool and s.pool.startswith(POOL_PREFIX)})
+        _check_range(plan_context, steps, pools)
         if not pools or not instance.event_log_storage.supports_global_concurrency_limits:
             yield from self._inner.execute(plan_context, execution_plan)
             return
@@ -175,6 +179,26 @@ class ExperimentExecutor(Executor):
             yield from self._inner.execute(plan_context, execution_plan)
         finally:
             stop.set()
+
+
+def _check_range(plan_context, steps: list, pools: list[str]) -> None:
+    """Tag the run with its range of steps; refuse a run of an experiment's steps that names none,
+    before any step runs, and tag it never to be retried (see `assets.run_tags`)."""
+    instance, run = plan_context.instance, plan_context.dagster_run
+    partitioned = any(o.properties is not None and o.properties.is_asset_partitioned for s in steps for o in s.step_outputs)
+    if not partitioned or not pools:
+        return
+    steps_named = run_range(run.tags)
+    if steps_named:
+        instance.add_run_tags(run.run_id, {RANGE_TAG: steps_named})
+        return
+    experiment = pools[0][len(POOL_PREFIX) :]
+    try:
+        keys = list(plan_context.job.get_definition().partitions_def.get_partition_keys())
+    except Exception:  # noqa: BLE001 - the steps are a help in the message, not its point
+        keys = []
+    instance.add_run_tags(run.run_id, {MAX_RETRIES_TAG: "0", EXPERIMENT_TAG: experiment})
+    raise no_range(run.job_name, experiment, keys)
 
 
 @executor(

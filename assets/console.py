@@ -1,30 +1,83 @@
 """The code location's console logger: what a person at a terminal reads while a run goes.
 
 Dagster's default console logger prints every event of a run at DEBUG (each step start, output,
-materialization, check). This one prints the lines the driver marks for the console (a line per
-step, progress while a step runs, which run waits for which) and every warning and error, one short
-line each. It changes only what the terminal shows: the run's full event log is in the instance,
-where the UI shows it. Set `loggers: {console: {config: {log_level: DEBUG}}}` in a run's config to
-see everything on the terminal too.
+materialization, check). This one prints, one short line each:
+- the run's start (its id, job and range of steps) and its end;
+- the lines the driver marks for the console (a line per step, progress while a step or a long
+  phase runs, which run waits for which);
+- a failed step's error: its type and message, which say what was wrong and what to do, e.g.
+  `MissingPredecessorError: ... Run step 0002 first, e.g. the range 0002...0004.`;
+- every other warning and error.
+It changes only what the terminal shows: the run's full event log, tracebacks included, is in the
+instance, where the UI's run page shows it. Set `loggers: {console: {config: {log_level: DEBUG}}}`
+in a run's config to see everything on the terminal too.
 """
 
 import logging
 import sys
 
-from dagster import Field, logger
+from dagster import DagsterEventType, Field, logger
+
+from assets.run_tags import run_range
 
 CONSOLE = {"dagster_rl_console": True}  # `extra` of a log call whose line belongs on the console
+_LIFECYCLE = (DagsterEventType.RUN_START, DagsterEventType.RUN_SUCCESS, DagsterEventType.RUN_FAILURE, DagsterEventType.STEP_FAILURE)
+# Dagster's wrappers around the error user code raised: the error to show is their cause
+_WRAPPERS = {"DagsterExecutionStepExecutionError", "DagsterUserCodeExecutionError", "DagsterResourceFunctionError"}
+
+
+def user_error(error) -> str:
+    """`Type: message` of the error user code raised, from a Dagster `SerializableErrorInfo`
+    (Dagster's wrappers skipped: the first error that is not one)."""
+    while error.cls_name in _WRAPPERS and error.cause is not None:
+        error = error.cause
+    message = error.message.strip()
+    head, sep, rest = message.partition(": ")
+    if sep and head.endswith(error.cls_name):  # `module.Class: message` as traceback prints it
+        message = rest
+    return f"{error.cls_name}: " + "\n".join(line.rstrip() for line in message.splitlines())
+
+
+def event_line(event, run_id: str | None, tags: dict) -> str | None:
+    """The console's line for a run's start or end or a step's failure (None: no line of its own)."""
+    kind, run = event.event_type, f"run {run_id[:8]}" if run_id else "the run"
+    steps, job = run_range(tags), "" if event.job_name.startswith("__") else event.job_name  # not __ASSET_JOB
+    what = ", ".join(filter(None, [job, f"steps {steps}" if steps else ""]))
+    what = f" ({what})" if what else ""
+    if kind == DagsterEventType.RUN_START:
+        return f"{run} started{what}"
+    if kind == DagsterEventType.RUN_SUCCESS:
+        return f"{run} succeeded{what}"
+    data = event.event_specific_data
+    error = getattr(data, "error", None)
+    if kind == DagsterEventType.STEP_FAILURE:
+        return user_error(error) if error is not None else None
+    if kind == DagsterEventType.RUN_FAILURE:
+        reason = getattr(data, "failure_reason", None)
+        said = f": {user_error(error)}\n" if error is not None and getattr(reason, "value", None) != "STEP_FAILURE" else ". "
+        return f"{run} failed{what}{said}Its full log, with the traceback, is on the run's page in the UI (make ui, Runs)."
+    return None
 
 
 class _ConsoleLines(logging.Filter):
+    def __init__(self, level: int):
+        super().__init__()
+        self.level = level
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or bool(getattr(record, "dagster_rl_console", False))
+        if self.level <= logging.DEBUG or record.levelno >= max(self.level, logging.WARNING):
+            return record.levelno >= self.level
+        if self.level > logging.INFO:
+            return False
+        event = (getattr(record, "dagster_meta", None) or {}).get("dagster_event")
+        return bool(getattr(record, "dagster_rl_console", False)) or (event is not None and event.event_type in _LIFECYCLE)
 
 
 class _Short(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         meta = getattr(record, "dagster_meta", None) or {}
-        message = meta.get("orig_message") or record.getMessage()
+        event = meta.get("dagster_event")
+        message = (event_line(event, meta.get("run_id"), dict(meta.get("job_tags") or {})) if event is not None else None) or meta.get("orig_message") or record.getMessage()
         level = "" if record.levelno < logging.WARNING else f"{record.levelname} "
         where = f"{meta['step_key']}: " if level and meta.get("step_key") else ""
         return f"{self.formatTime(record, '%H:%M:%S')} {level}{where}{message}"
@@ -32,14 +85,13 @@ class _Short(logging.Formatter):
 
 @logger(
     config_schema={"log_level": Field(str, is_required=False, default_value="INFO")},
-    description="One line per training step, progress, warnings and errors; the full log stays in the run.",
+    description="One line per training step, progress, a failed step's error, warnings; the full log stays in the run.",
 )
 def concise_console(init_context) -> logging.Logger:
-    level = init_context.logger_config["log_level"].upper()
-    log = logging.Logger("dagster_rl_console", level=logging.getLevelName(level))
+    level = logging.getLevelName(init_context.logger_config["log_level"].upper())
+    log = logging.Logger("dagster_rl_console", level=logging.DEBUG)  # the filter decides, by level and kind
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Short())
-    if logging.getLevelName(level) > logging.DEBUG:
-        handler.addFilter(_ConsoleLines())
+    handler.addFilter(_ConsoleLines(level if isinstance(level, int) else logging.INFO))
     log.addHandler(handler)
     return log

@@ -41,10 +41,13 @@ from dagster import (
     asset,
     multi_asset,
 )
+from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData  # not exported by dagster 1.13
 
+from assets.chain import CHAIN, step_assets
 from assets.concurrency import experiment_pool
 from assets.console import CONSOLE
 from assets.predecessor import expect_recorded, starting_weights
+from assets.run_tags import no_range
 from dagster_rl.checks import CHECK_NAMES
 from dagster_rl.errors import CheckFailedError, DagsterRLError, SimulatedCrash
 from dagster_rl.experiment import Experiment, step_key
@@ -52,20 +55,6 @@ from dagster_rl.lifetime import die_with_parent
 from dagster_rl.progress import Progress
 from dagster_rl.task import Backends, StepAsset, StepResult, WarmupResult, task_of
 from resources import ArtifactStoreResource, JudgeEnvironment, RolloutEnvironment, TrainerEnvironment
-
-CHAIN = ("rollouts", "rewards", "weights")
-CHAIN_DESCRIPTIONS = {
-    "rollouts": "Trajectories of every trial of the step, generated with the previous step's weights.",
-    "rewards": "Verifier + rubric reward of every trajectory of the step, sorted by trial id.",
-    "weights": "The policy after the step's GRPO update: the step's checkpoint.",
-}
-
-
-def step_assets(exp: Experiment) -> dict[str, str]:
-    """The per-step assets of an experiment's group, in order, with their descriptions: the chain,
-    then the task's own (a language model's held-out `evaluation`)."""
-    return CHAIN_DESCRIPTIONS | {spec.name: spec.description for spec in task_of(exp.kind).step_assets}
-
 
 def step_partitions(exp: Experiment) -> StaticPartitionsDefinition:
     return StaticPartitionsDefinition(exp.step_keys)
@@ -135,13 +124,22 @@ def _run_info(context: AssetExecutionContext) -> dict[str, str | int]:
     return {"attempt": attempt, "started_at": datetime.fromtimestamp(started, timezone.utc).isoformat(), "root_run_id": root}
 
 
+SIGNIFICANT_DIGITS = 8
+
+
+def metadata_float(value: float) -> MetadataValue:
+    """A float as the UI shows it: 8 significant digits (a mean reward of 2.568750000000001 reads
+    2.56875), far below what a plot or a comparison of two runs needs."""
+    return MetadataValue.float(float(f"{value:.{SIGNIFICANT_DIGITS}g}"))
+
+
 def step_metadata(exp: Experiment, result: StepResult, run_info: dict, asset: str) -> dict[str, MetadataValue]:
     ref = result.refs[asset]
     shared = {
         "n_trials": MetadataValue.int(result.n_trials),
         "n_trials_planned": MetadataValue.int(result.n_trials_planned),
-        "mean_reward": MetadataValue.float(result.mean_reward),
-        "success_rate": MetadataValue.float(result.success_rate),
+        "mean_reward": metadata_float(result.mean_reward),
+        "success_rate": metadata_float(result.success_rate),
         "weights_version": MetadataValue.int(result.weights_version),
         "trials_executed": MetadataValue.int(result.trials_executed),
         "judge_calls": MetadataValue.int(result.judge_calls),
@@ -156,7 +154,7 @@ def step_metadata(exp: Experiment, result: StepResult, run_info: dict, asset: st
         "skipped_trials": MetadataValue.int(len(result.skipped_trials)),
         "recovered_trials": MetadataValue.int(len(result.recovered_trials)),
     }
-    shared.update({k: MetadataValue.float(v) for k, v in result.metrics.items()})
+    shared.update({k: metadata_float(v) for k, v in result.metrics.items()})
     shared.update({k: MetadataValue.float(round(v, 6)) for k, v in result.timings.items()})
     if asset == "rewards":
         shared["rubric"] = MetadataValue.json(exp.rubric.model_dump())
@@ -186,8 +184,10 @@ def build_warmup(exp: Experiment):
         die_with_parent()  # as the driver's step process
         store = artifact_store.get_store(warn=context.log.warning)
         expect_recorded(context.instance, exp, (), [], store, warmup_key(exp))  # the event log's record of it
+        progress = Progress()
         try:
-            result = spec.run(exp, store)
+            with reporting(progress, lambda line: context.log.info(line, extra=CONSOLE), PROGRESS_EVERY_S), progress.doing(warming_up(warmup_key(exp))):
+                result = spec.run(exp, store)
         except DagsterRLError as e:
             _no_retry_unless_retryable(context, e)
             raise
@@ -204,6 +204,11 @@ def build_warmup(exp: Experiment):
             description=spec.description,
             metadata={"experiment": exp.name, "fork_of": exp.fork_of or ""},
         )(warmup)
+
+
+def warming_up(key: AssetKey) -> str:
+    """What the console says while a warm-up runs (computed once, then read from the artifact store)."""
+    return f"{key.to_user_string()}: warming up"
 
 
 def superseded(context: AssetExecutionContext, exp: Experiment, result: StepResult, asset: str) -> dict[str, MetadataValue]:
@@ -267,7 +272,8 @@ def _no_retry_unless_retryable(context: AssetExecutionContext, error: DagsterRLE
         context.instance.add_run_tags(context.run_id, {NO_RETRY_TAG: "false"})
 
 
-PROGRESS_EVERY_S = 30.0  # while a step runs, its progress is logged at least this often
+PROGRESS_EVERY_S = 30.0  # while a step or a long phase runs, its progress is logged at least this often
+FIRST_PROGRESS_S = 10.0  # and first this soon
 
 
 def _drive(
@@ -283,15 +289,15 @@ def _drive(
     store = artifact_store.get_store(warn=context.log.warning)
     expect_recorded(context.instance, exp, step_assets(exp), steps, store, warmup_key(exp))  # the event log's record
     info = _run_info(context)
-    if steps[0] == 0:
-        yield from _ensure_warmup(context, exp, store)
-    loop = task_of(exp.kind).loop()
-    start = starting_weights(context.instance, exp, steps[0], store, loop)
-    progress = Progress()
-    backends = Backends(rollout.backend_for(exp), judge.backend_for(exp), trainer.backend_for(exp, context), progress)
-    began = time.monotonic()
-    with reporting(progress, lambda line: context.log.info(line, extra=CONSOLE), PROGRESS_EVERY_S):
-        for result in loop.iter_steps(exp, steps, start, store, backends, context.log.warning):
+    progress, idle = Progress(), f"{exp.name}: steps {step_key(steps[0])}...{step_key(steps[-1])}"
+    with reporting(progress, lambda line: context.log.info(line, extra=CONSOLE), PROGRESS_EVERY_S, idle):
+        if steps[0] == 0:
+            yield from _ensure_warmup(context, exp, store, progress)
+        loop = task_of(exp.kind).loop()
+        with progress.doing(f"{exp.name}: loading the weights step {step_key(steps[0])} starts from"):
+            start = starting_weights(context.instance, exp, steps[0], store, loop)
+        backends = Backends(rollout.backend_for(exp), judge.backend_for(exp), trainer.backend_for(exp, context), progress)
+        for result, seconds in _timed(loop.iter_steps(exp, steps, start, store, backends, context.log.warning)):
             if isinstance(result, StepAsset):
                 if AssetKey([exp.name, result.asset]) in context.selected_asset_keys:
                     context.log.info(
@@ -300,8 +306,7 @@ def _drive(
                     yield _step_asset_materialization(exp, result, info)
                 continue
             step = result.step
-            context.log.info(progress_line(result, time.monotonic() - began), extra=CONSOLE)
-            began = time.monotonic()
+            context.log.info(progress_line(result, seconds), extra=CONSOLE)
             for asset in CHAIN:
                 if AssetKey([exp.name, asset]) in context.selected_asset_keys:
                     yield AssetMaterialization(
@@ -319,8 +324,22 @@ def _drive(
                 raise SimulatedCrash(f"driver crash after step {step_key(step)} on attempt 0 (faults.crash_driver_at_step)")
 
 
+def _timed(items: Iterator, clock: Callable[[], float] = time.monotonic) -> Iterator[tuple]:
+    """(item, seconds the loop took to produce it): the time the driver waited for each step, not
+    the time Dagster took to record what the driver yielded (materializations, checks)."""
+    while True:
+        began = clock()
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        yield item, clock() - began
+
+
 def _range_of(context: AssetExecutionContext, exp: Experiment) -> list[int]:
     """The run's steps, in order; an error that says how to write the range when it is empty or has holes."""
+    if not (context.has_partition_key_range or context.has_partition_key):  # the executor refuses it first (`assets.run_tags`)
+        raise no_range(context.run.job_name, exp.name, exp.step_keys)
     steps = sorted(int(k) for k in context.partition_keys)
     if not steps:
         tags = context.run.tags
@@ -354,14 +373,19 @@ def numbers_line(values: dict[str, float | int | str]) -> str:
 
 
 @contextmanager
-def reporting(progress: Progress, log: Callable[[str], None], every_s: float) -> Iterator[None]:
-    """Log the progress of the running steps every `every_s` seconds, in a thread, while inside."""
-    stop = threading.Event()
+def reporting(progress: Progress, log: Callable[[str], None], every_s: float, idle: str = "") -> Iterator[None]:
+    """Log the progress of the running steps and phases in a thread, while inside: first after
+    `min(FIRST_PROGRESS_S, every_s)` (a run's step process takes some seconds to start: the console
+    is never silent for `every_s` from the run's start), then every `every_s` seconds. Between
+    steps and phases, `idle` says what runs (e.g. `demo: steps 0000...0007`)."""
+    stop, began = threading.Event(), time.monotonic()
 
     def tick() -> None:
-        while not stop.wait(every_s):
-            for line in progress.lines():
+        wait = min(FIRST_PROGRESS_S, every_s)
+        while not stop.wait(wait):
+            for line in progress.lines() or ([f"{idle}, {time.monotonic() - began:.0f} s so far"] if idle else []):
                 log(line)
+            wait = every_s
 
     thread = threading.Thread(target=tick, name="dagster-rl-progress", daemon=True)
     thread.start()
@@ -372,14 +396,15 @@ def reporting(progress: Progress, log: Callable[[str], None], every_s: float) ->
         thread.join()
 
 
-def _ensure_warmup(context: AssetExecutionContext, exp: Experiment, store):
+def _ensure_warmup(context: AssetExecutionContext, exp: Experiment, store, progress: Progress):
     """Step 0 starts from the warm-up: compute it (or find it in the store), and record its
     materialization when the instance has none of these contents (the warm-up asset was not run)."""
     spec = task_of(exp.kind).warmup_of(exp)
     if spec is None:
         return
     key = warmup_key(exp)
-    result = spec.run(exp, store)
+    with progress.doing(warming_up(key)):
+        result = spec.run(exp, store)
     latest = context.instance.get_latest_materialization_event(key)
     recorded = latest.asset_materialization.metadata.get("content_hash") if latest and latest.asset_materialization else None
     if recorded is None or recorded.value != result.ref.content_hash:
@@ -407,12 +432,13 @@ def _step_asset_materialization(exp: Experiment, result: StepAsset, info: dict) 
 def _metadata_value(value: float | int | str) -> MetadataValue:
     if isinstance(value, bool) or isinstance(value, str):
         return MetadataValue.text(str(value))
-    return MetadataValue.int(value) if isinstance(value, int) else MetadataValue.float(value)
+    return MetadataValue.int(value) if isinstance(value, int) else metadata_float(value)
 
 
 def _report_checks(context: AssetExecutionContext, exp: Experiment, result: StepResult) -> list:
     """Log each selected check's evaluation on the step's partition; return the failed ones."""
-    weights = AssetKey([exp.name, "weights"])
+    weights, partition = AssetKey([exp.name, "weights"]), step_key(result.step)
+    target = _target_materialization(context, weights, partition)
     failed = []
     for check in result.checks:
         if AssetCheckKey(weights, check.name) not in context.selected_asset_check_keys:
@@ -422,12 +448,27 @@ def _report_checks(context: AssetExecutionContext, exp: Experiment, result: Step
                 asset_key=weights,
                 check_name=check.name,
                 passed=check.passed,
-                partition=step_key(result.step),
+                partition=partition,
+                target_materialization_data=target,
                 blocking=True,
                 description=check.message,
-                metadata={"value": MetadataValue.float(check.value), "message": MetadataValue.text(check.message)},
+                metadata={"value": metadata_float(check.value), "message": MetadataValue.text(check.message)},
             )
         )
         if not check.passed:
             failed.append(check)
     return failed
+
+
+def _target_materialization(context: AssetExecutionContext, asset: AssetKey, partition: str) -> AssetCheckEvaluationTargetMaterializationData | None:
+    """The materialization a step's check evaluations are about: the partition's latest.
+
+    Dagster's UI (the check's Partitions tab, `AssetCheckState`) counts an evaluation of a partition
+    only while it targets the partition's latest materialization; an evaluation logged without a
+    target counts as stale, and the partition shows "Missing". An `AssetCheckResult` returned by an
+    asset gets its target from Dagster; one logged as an event, as the driver does step by step,
+    names it itself, as Dagster would (its `_get_partitioned_target_materialization_data`)."""
+    records = context.instance.fetch_materializations(AssetRecordsFilter(asset_key=asset, asset_partitions=[partition]), limit=1).records
+    if not records:
+        return None
+    return AssetCheckEvaluationTargetMaterializationData(storage_id=records[0].storage_id, run_id=records[0].run_id, timestamp=records[0].timestamp)

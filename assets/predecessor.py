@@ -39,14 +39,20 @@ def artifact_of(md: dict, asset: str) -> tuple[str, str]:
     return kind, check_key(key, f"artifact key {key!r} of a materialization of {asset}")
 
 
+def missing_before(instance: DagsterInstance, exp: Experiment, first_step: int) -> list[str]:
+    """The steps before `first_step` whose weights are not materialized: a range that starts at
+    `first_step` needs every one of them first."""
+    done = instance.get_materialized_partitions(weights_key(exp)) if first_step else set()
+    return [step_key(k) for k in range(first_step) if step_key(k) not in done]
+
+
 def starting_weights(instance: DagsterInstance, exp: Experiment, first_step: int, store: ArtifactStore, loop: TaskLoop) -> Weights:
     """Initial weights for step 0; otherwise the weights materialized for step first_step - 1."""
     if first_step == 0:
         return loop.initial_weights(exp, store)
     asset = weights_key(exp)
     prev = step_key(first_step - 1)
-    done = instance.get_materialized_partitions(asset)
-    missing = [step_key(k) for k in range(first_step) if step_key(k) not in done]
+    missing = missing_before(instance, exp, first_step)
     if missing:
         raise MissingPredecessorError(
             f"step {step_key(first_step)} of {exp.name} starts from the weights of step {prev}, which are not "

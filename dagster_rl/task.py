@@ -32,6 +32,9 @@ A task provides, in its own package:
 7. `commands`: subcommands it adds to the `dagster-rl` CLI (the language models' `serve`).
 8. `checks`: blocking checks of `<exp>/weights` beyond the generic ones (the language models'
    `on_policy`); its loop puts each one's outcome in every `StepResult.checks`.
+9. `status_columns`: the columns it adds to `dagster-rl status` (column -> a metadata key of the
+   step's weights or of its step assets, and of the warm-up on the warm-up's row): the agentic
+   task's `mean_turns`, a language model's held-out accuracy.
 
 Words, one per idea:
     experiment   one YAML file's settings, validated by the task's `Experiment` subclass
@@ -260,6 +263,7 @@ class Task(Generic[E]):
     warmup: WarmupSpec | None = None
     commands: Mapping[str, Command] = field(default_factory=dict)
     checks: tuple[CheckSpec, ...] = field(default=())
+    status_columns: Mapping[str, str] = field(default_factory=dict)
 
     def warmup_of(self, exp: E) -> WarmupSpec | None:
         """The warm-up asset this experiment has, if any."""

@@ -34,6 +34,13 @@ class Lab:
         """Materialization records of one asset, oldest first."""
         return list(self.instance.fetch_materializations(AssetKey([name, asset]), limit=10_000, ascending=True).records)
 
+    def events_by_partition(self, name: str, asset: str) -> dict[str, list]:
+        """partition -> materialization records, oldest first."""
+        out: dict[str, list] = {}
+        for r in self.events(name, asset):
+            out.setdefault(r.asset_materialization.partition, []).append(r)
+        return out
+
     def metadata(self, name: str, asset: str) -> dict[str, list[dict]]:
         """partition -> metadata values of each materialization, oldest first."""
         out: dict[str, list[dict]] = {}
@@ -53,6 +60,16 @@ class Lab:
             AssetCheckKey(AssetKey([name, "weights"]), check), limit=1000
         )
         return [h.event.asset_check_evaluation for h in history if h.event and h.event.asset_check_evaluation]
+
+    def check_partition_statuses(self, name: str, check: str) -> dict[str, list[str]]:
+        """status -> partitions of one check of `<name>/weights`, as the UI's Partitions tab of the
+        check reads them (`get_asset_check_state`, the storage call behind its GraphQL resolver)."""
+        from dagster import AssetCheckKey, StaticPartitionsDefinition
+
+        key = AssetCheckKey(AssetKey([name, "weights"]), check)
+        partitions = StaticPartitionsDefinition(self.experiments[name].step_keys)
+        state = self.instance.event_log_storage.get_asset_check_state([(key, partitions)])[key]
+        return {status.value: sorted(subset.subset_value.get_partition_keys()) for status, subset in state.subsets.items() if not subset.is_empty}
 
     def store(self):
         return self.defs.resources["artifact_store"].get_store()

@@ -1,6 +1,9 @@
-"""`dagster-rl status` and `dagster-rl lineage` against a real instance."""
+"""`dagster-rl status` and `dagster-rl lineage` against a real instance; what the commands import."""
 
 import json
+import os
+import subprocess
+import sys
 
 from assets.cli import main
 
@@ -36,3 +39,28 @@ def test_lineage_walks_every_behavior_policy_back_to_step_0(uninterrupted, monke
     main(["lineage", "demo", "1"])
     text = capsys.readouterr().out
     assert "step 0001  weights v2" in text and "<- behavior policy: weights initial v0" in text
+
+
+IMPORTED = """import sys
+from assets.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(sorted(m for m in ("torch", "peft", "transformers", "kubernetes", "dagster") if m in sys.modules))
+"""
+
+
+def imported_by(home, *argv: str) -> list[str]:
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    env.pop("DAGSTER_RL_EXPERIMENTS", None)
+    done = subprocess.run([sys.executable, "-c", IMPORTED, *argv], env=env, capture_output=True, text=True, timeout=300, check=True)
+    return json.loads(done.stdout.splitlines()[-1].replace("'", '"'))
+
+
+def test_help_and_status_import_neither_torch_nor_kubernetes(tmp_path):
+    """`dagster-rl --help` and `status` answer without torch, peft, transformers (the language models'
+    modules) or Kubernetes' client; `--help` without Dagster. (How fast: bench/cli_startup.py.)"""
+    assert imported_by(tmp_path, "--help") == []
+    assert imported_by(tmp_path, "status", "demo") == ["dagster"]
+    assert imported_by(tmp_path, "runs", "demo") == ["dagster"]

@@ -176,6 +176,10 @@ def test_a_failing_blocking_check_stops_the_range_at_that_step(lab):
     evaluations = {n: e[0] for n, e in evaluations.items()}
     assert evaluations["weights_finite"].passed and evaluations["rewards_in_bounds"].passed
     assert not evaluations["enough_usable_trials"].passed and evaluations["enough_usable_trials"].partition == "0000"
+    # as the UI's Partitions tab shows them: the steps the stopped run never reached read "execution failed"
+    stopped = ["0001", "0002", "0003"]
+    assert strict.check_partition_statuses("demo", "enough_usable_trials") == {"FAILED": ["0000"], "EXECUTION_FAILED": stopped}
+    assert strict.check_partition_statuses("demo", "weights_finite") == {"SUCCEEDED": ["0000"], "EXECUTION_FAILED": stopped}
     # the next step refuses to start from weights that failed a blocking check
     later = failure_message(strict.run("demo", "0001", "0001", raise_on_error=False))
     assert "failed blocking check(s) enough_usable_trials" in later
@@ -186,6 +190,14 @@ def test_checks_pass_on_every_step_of_a_clean_run(uninterrupted):
         evaluations = uninterrupted.check_evaluations("demo", name)
         assert all(e.passed for e in evaluations), name
         assert set(STEPS) <= {e.partition for e in evaluations}, name
+        # the UI's Partitions tab of the check: each evaluation targets its partition's materialization,
+        # so every step reads "succeeded" (an evaluation without a target read "Missing" on every step)
+        assert uninterrupted.check_partition_statuses("demo", name) == {"SUCCEEDED": STEPS}, name
+        targets: dict[str, int] = {}
+        for e in evaluations:  # newest first: each partition's latest evaluation targets its latest materialization
+            targets.setdefault(e.partition, e.target_materialization_data.storage_id)
+        latest = {s: uninterrupted.events_by_partition("demo", "weights")[s][-1].storage_id for s in STEPS}
+        assert {s: targets[s] for s in STEPS} == latest, name
 
 
 def test_a_rubric_only_fork_reuses_step_0_rollouts_and_regenerates_after(lab, uninterrupted):

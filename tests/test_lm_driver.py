@@ -95,6 +95,25 @@ def test_lineage_of_a_language_model_checkpoint(on_policy, monkeypatch, capsys):
     assert chain[0]["rubric"]["name"] == "accuracy_format" and len(chain[0]["seeds"]) == 64
 
 
+def test_status_of_a_language_model_shows_its_warm_up_and_held_out_accuracy(on_policy, monkeypatch, capsys):
+    """`dagster-rl status`: a row for the warm-up, held-out accuracy per step, no agentic columns."""
+    from assets.cli import main
+
+    monkeypatch.setenv("DAGSTER_HOME", str(on_policy.home))
+    monkeypatch.setenv("DAGSTER_RL_EXPERIMENTS", str(on_policy.home / "experiments"))
+    main(["status", "tiny_grpo"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "experiment tiny_grpo: 10 of 40 steps materialized"
+    assert out[1].split() == ["step", "state", "cache", "trials", "mean_reward", "success", "heldout_acc", "weights_v", "attempt"]
+    rows = {line.split()[0]: line.split() for line in out[2:]}
+    sft = on_policy.latest("tiny_grpo", "sft", None)
+    assert rows["sft"] == ["sft", "materialized", sft["cache"], f"{sft['accuracy']:.3g}", "0"]
+    for step in STEPS:
+        accuracy = on_policy.latest("tiny_grpo", "evaluation", step)["accuracy"]
+        assert rows[step][6] == f"{accuracy:.3g}", (step, rows[step])
+    assert list(rows)[1:] == [*STEPS, "0010"] and rows["0010"] == ["0010", "-"]
+
+
 def test_pipelined_steps_generate_with_the_weights_of_two_steps_back_and_resume_exactly(lab):
     ref = lab("lag", tiny(name="lagged", max_policy_lag=1))
     assert ref.run("lagged", "0000", "0003").success

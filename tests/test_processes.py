@@ -70,6 +70,79 @@ def test_make_demo_prints_a_line_per_step_and_the_table(tmp_path):
     assert kinds.count("ASSET_MATERIALIZATION") == 9 and "STEP_START" in kinds and kinds.count("ASSET_CHECK_EVALUATION") == 9
 
 
+def test_a_range_after_a_gap_prints_the_error_and_its_fix_on_the_terminal_and_the_traceback_in_the_run(tmp_path):
+    """Issue 19, point 1: the README's command (`dagster asset materialize` with the concise console)
+    for a range that starts after a gap: the terminal says why and what to do, in a few lines."""
+    home, env = home_with(tmp_path, demo_settings())
+    done = subprocess.run(
+        [str(BIN / "dagster"), "asset", "materialize", "-m", "assets.definitions", "--select", "group:demo",
+         "--partition-range", "0002...0003", "--config-json", CONSOLE],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    error = (
+        "ERROR demo_driver: MissingPredecessorError: step 0002 of demo starts from the weights of step 0001, which are "
+        "not materialized (steps 0000, 0001 are missing). Run step 0000 first, e.g. the range 0000...0002."
+    )
+    assert [line[9:] for line in lines if "MissingPredecessorError" in line] == [error], done.stderr
+    with DagsterInstance.from_config(str(home)) as instance:
+        [run] = instance.get_runs()
+        [failure] = instance.all_logs(run.run_id, of_type=DagsterEventType.STEP_FAILURE)
+    assert re.fullmatch(rf"\d\d:\d\d:\d\d run {run.run_id[:8]} started \(steps 0002\.\.\.0003\)", lines[0]), lines
+    assert run.tags["dagster_rl/range"] == "0002...0003"  # the UI's Runs page shows the range beside the run
+    failed = f"ERROR run {run.run_id[:8]} failed (steps 0002...0003). Its full log, with the traceback, is on the run's page"
+    assert any(line[9:].startswith(failed) for line in lines), lines
+    assert lines[-1] == "Error: Materialization failed." and len(lines) == 4, lines  # Dagster's CLI says the last line
+    assert not any("Traceback" in line or 'File "' in line for line in lines)
+    assert "starting_weights" in "".join(failure.dagster_event.step_failure_data.error.cause.stack)  # in the run's log
+
+
+def test_dagster_rl_train_checks_first_then_runs_the_range_with_the_console(tmp_path, monkeypatch, capsys):
+    """`dagster-rl train <exp> [RANGE]`: a range past the end, after a gap, or a relative DAGSTER_HOME
+    gets one line that says what to do, before any run; a good range runs as one run of <exp>_train."""
+    from assets.cli import main
+
+    home, env = home_with(tmp_path, demo_settings(n_steps=4))
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("DAGSTER_RL_EXPERIMENTS", str(home / "experiments"))
+
+    def refused(*argv: str) -> str:
+        with pytest.raises(SystemExit) as exit_:
+            main(["train", *argv])
+        return str(exit_.value.code)
+
+    assert refused("demo", "0000...0020") == (
+        "dagster-rl: the range 0000...0020 goes past the last step of demo, 0003 (n_steps: 4 in its experiment file): "
+        "give a range within 0000...0003, or raise n_steps"
+    )
+    assert refused("demo", "2...3").startswith(
+        "dagster-rl: step 0002 of demo starts from the weights of step 0001, which are not materialized (missing: 0000, 0001). "
+        "Run from step 0000, e.g.\n    .venv/bin/dagster-rl train demo 0000...0003"
+    )
+    assert "not a range of steps: give FIRST...LAST (e.g. 0008...0011)" in refused("demo", "0..3")
+    assert "no experiment named 'demoo'" in refused("demoo")
+    monkeypatch.setenv("DAGSTER_HOME", "home")
+    assert "DAGSTER_HOME=home is a relative path, which Dagster refuses" in refused("demo")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    with DagsterInstance.from_config(str(home)) as instance:
+        assert instance.get_runs() == []  # nothing ran
+
+    done = subprocess.run([str(BIN / "dagster-rl"), "train", "demo", "0000...0001"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stderr.splitlines()
+    with DagsterInstance.from_config(str(home)) as instance:
+        [run] = instance.get_runs()
+    assert run.job_name == "demo_train" and run.tags["dagster_rl/range"] == "0000...0001"
+    assert lines[0][9:] == f"run {run.run_id[:8]} started (demo_train, steps 0000...0001)", lines
+    assert [m.group(1) for line in lines if (m := STEP_LINE.match(line))] == ["0000", "0001"], lines
+    assert lines[-1][9:] == f"run {run.run_id[:8]} succeeded (demo_train, steps 0000...0001)" and len(lines) == 4, lines
+
+    main(["runs", "demo"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["run", "status", "steps", "started"] and out[1].split()[:3] == [run.run_id, "SUCCESS", "0000...0001"]
+
+
 def test_a_killed_materialize_takes_its_step_process_along_and_the_next_run_fails_it(tmp_path):
     slow = demo_settings(name="slow", n_steps=12, faults={"step_delay_s": 1.5})
     home, env = home_with(tmp_path, slow)

@@ -25,7 +25,7 @@ from resources.run_launcher import process_alive, run_worker_pid, step_worker_pi
 from tests.conftest import demo_settings, new_dagster_home, write_experiments
 from tests.harness import open_lab
 from tests.openai_stub import OpenAIStub
-from tests.servers import DagsterServers, running_servers, wait_until
+from tests.servers import LOCATION, DagsterServers, running_servers, wait_until
 
 CHAIN = ("rollouts", "rewards", "weights")
 MODEL = "stub-judge-1"
@@ -46,6 +46,7 @@ EXPERIMENTS = {
     "kill_worker": settings("kill_worker", 12, 5, step_delay_s=2.0),
     "kill_step": settings("kill_step", 13, 5, step_delay_s=2.0),
     "judged": settings("judged", 14, 4, judge_flake_rate=0.3),
+    "unranged": settings("unranged", 15, 4),
 }
 
 
@@ -270,3 +271,35 @@ def test_the_judge_server_counts_one_call_per_trial_under_judge_flakes(servers, 
     attempts = sum(rewards[s]["judge_calls"] for s in steps(4))
     assert attempts > 4 * TRIALS, "with judge_flake_rate 0.3 some judgements flaked and were replayed from the journal"
     print(f"judge attempts {attempts}, judge server calls {stub.count - calls}, trials {4 * TRIALS}")
+
+
+# ---- (d) a launch that names no range of steps ---------------------------------------------
+
+
+def test_a_job_launch_without_a_range_fails_before_any_step_says_what_to_run_and_is_not_retried(servers):
+    """`dagster job launch -j <exp>_train` without the range tags: the executor refuses the run
+    before any step starts, its error gives the command to use, and the daemon does not retry it
+    (before: "Cannot access partition_key for a non-partitioned run", three failed runs)."""
+    from dagster import DagsterEventType
+
+    servers.cli("job", "launch", "-w", str(servers.workspace), "-l", LOCATION, "-j", "unranged_train")
+    gql = servers.graphql
+
+    def finished() -> list[dict]:
+        runs = gql.runs(job_name="unranged_train")
+        return runs if runs and all(r["status"] in TERMINAL for r in runs) else []
+
+    [run] = wait_until(finished, 120, 1.0, lambda: servers.log("daemon")[-3000:])
+    assert run["status"] == "FAILURE"
+    assert run["tags"]["dagster/max_retries"] == "0" and run["tags"]["dagster/will_retry"] == "false"
+    kinds = [e["__typename"] for e in gql.run_events(run["runId"])]
+    assert "ExecutionStepStartEvent" not in kinds and "MaterializationEvent" not in kinds, kinds
+    with servers.instance() as instance:
+        [failure] = instance.all_logs(run["runId"], of_type=DagsterEventType.RUN_FAILURE)
+    error = failure.dagster_event.event_specific_data.error
+    assert error.cls_name == "NoRangeError", error.to_string()
+    assert "this run of unranged_train names no range of steps" in error.message
+    tags = '{"dagster/asset_partition_range_start": "0000", "dagster/asset_partition_range_end": "0003"}'
+    assert f"dagster job launch -w workspace.yaml -l dagster_rl -j unranged_train --tags '{tags}'" in error.message
+    time.sleep(8)  # the retry daemon polls every few seconds: it had its chances
+    assert len(gql.runs(job_name="unranged_train")) == 1, "the daemon retried a run that cannot succeed"

@@ -38,6 +38,7 @@ from dagster_rl.records import STATS, Rewards, Rollouts, TrainedFrom, TrialFaile
 from dagster_rl.steps import Judged, judge_all, mean, recovered, rewards_key, rollouts_key, step_rewards, trained_from, trial_set, weights_key
 from dagster_rl.store import ArtifactRef, ArtifactStore
 from dagster_rl.lm.warmup import WARMUP, WarmupStats, warm_up
+from dagster_rl.progress import Progress
 from dagster_rl.task import Backends, StepAsset, StepResult, Warn, WarmupResult, Weights
 
 CODE_VERSIONS = {
@@ -191,8 +192,9 @@ class LMLoop:
         weights = {first - 1: start}  # step -> the weights it produced; -1: initial
         if lag and first - 2 >= -1:
             weights[first - 2] = self._trained_from(exp, store, start, first - 2)
-        base = self.base_weights(exp, store)
-        initial = self.initial_weights(exp, store)
+        with backends.progress.doing(f"{exp.name}: loading the base model and the initial weights"):
+            base = self.base_weights(exp, store)
+            initial = self.initial_weights(exp, store)
         reference = initial if exp.grpo.kl_reference == "sft" else None
 
         def behavior(k: int) -> Weights[Checkpoint]:
@@ -224,7 +226,7 @@ class LMLoop:
                         return
                     while evaluating:  # evaluation of step k-1 is awaited after step k trains
                         yield evaluating.pop(0).result()
-                    evaluating.append(eval_pool.submit(self._evaluate, exp, k, weights[k], base, initial, prompts, store))
+                    evaluating.append(eval_pool.submit(self._evaluate, exp, k, weights[k], base, initial, prompts, store, backends.progress))
                 for pending in evaluating:
                     yield pending.result()
         finally:
@@ -373,13 +375,15 @@ class LMLoop:
         initial: Weights[Checkpoint],
         prompts: PromptSet,
         store: ArtifactStore,
+        progress: Progress,
     ) -> StepAsset:
         """The step's held-out greedy accuracy, beside the base's and that of the weights step 0
         started from (the warm-up's, when there is one; else the base's)."""
         t0 = time.monotonic()
-        scored, ref, hit = self._evaluation(exp, weights, prompts, store)
-        base_scored, _, _ = self._evaluation(exp, base, prompts, store)
-        start_scored, _, _ = self._evaluation(exp, initial, prompts, store)
+        with progress.doing(f"step {step_key(step)}: held-out evaluation on {len(prompts.eval)} prompts"):
+            scored, ref, hit = self._evaluation(exp, weights, prompts, store)
+            base_scored, _, _ = self._evaluation(exp, base, prompts, store)
+            start_scored, _, _ = self._evaluation(exp, initial, prompts, store)
         return StepAsset(
             asset="evaluation",
             step=step,

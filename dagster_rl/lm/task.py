@@ -124,5 +124,6 @@ TASK = register(
                 "A failure moves the step's rollouts aside and names the likely causes.",
             ),
         ),
+        status_columns={"heldout_acc": "accuracy"},  # of the step's `evaluation`, and of the warm-up
     )
 )

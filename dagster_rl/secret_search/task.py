@@ -16,5 +16,6 @@ TASK = register(
         rollout={"sandbox": lambda exp, env: SandboxRollouts(env.scratch_dir / "dagster_rl_sandboxes", env.limits)},
         trainer={"in_process": lambda exp, env: TabularTrainer(env.limits)},
         grading=SecretSearchGrading(),
+        status_columns={"mean_turns": "mean_turns"},
     )
 )
