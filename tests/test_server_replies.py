@@ -13,6 +13,8 @@ server, and only the completions are wrong.
 
 import json
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -212,3 +214,59 @@ def test_bad_replies_of_some_trials_are_retried_then_skipped_and_never_stored(la
     assert fixed.run("tiny_grpo", "0000", "0000").success
     assert fixed.latest("tiny_grpo", "weights", "0000")["n_trials"] == 16
     assert not rollouts_of(fixed, "0000").skipped
+
+
+# ---- the adapter folder the server is told to load ---------------------------------------------
+
+
+def test_the_adapter_folder_holds_the_bytes_the_run_read_or_is_refused_or_rewritten(tmp_path):
+    """Without adapter_dir the server loads the weights' artifact folder: it is re-read without
+    following links and must hold the bytes the run read through the store. Under adapter_dir the
+    copy is checked the same way, and rewritten when it differs or is a link (the link's target is
+    never touched); a link in place of adapter_dir's experiment folder is refused."""
+    from dagster_rl.lm.experiment import LMExperiment
+    from dagster_rl.lm.loop import LMLoop
+    from dagster_rl.lm.policy import ADAPTER, ADAPTER_CONFIG
+    from dagster_rl.lm.rollout_server import RolloutServerError, ServerRollouts
+    from dagster_rl.store import ArtifactStore
+    from dagster_rl.task import Endpoint
+
+    exp = LMExperiment.model_validate(small())
+    store = ArtifactStore(f"file://{tmp_path}/artifacts")
+    behavior = LMLoop().initial_weights(exp, store)
+    folder = tmp_path / "artifacts" / "weights" / behavior.ref.key
+    direct = ServerRollouts(Endpoint("http://127.0.0.1:1/v1"))
+    assert direct.adapter_folder(exp, behavior) == str(folder)
+    assert direct.adapter_root(behavior) == str(tmp_path / "artifacts" / "weights")
+    original = (folder / ADAPTER).read_bytes()
+    (folder / ADAPTER).write_bytes(original[:-8] + b"\0" * 8)  # changed after the run read it
+    with pytest.raises(RolloutServerError, match=f"the adapter folder {folder} no longer holds the weights v0 .*its {ADAPTER} holds other bytes"):
+        direct.adapter_folder(exp, behavior)
+    outside = tmp_path / "outside.safetensors"
+    outside.write_bytes(original)
+    (folder / ADAPTER).unlink()
+    (folder / ADAPTER).symlink_to(outside)  # the same bytes, through a link
+    with pytest.raises(RolloutServerError, match="is a symbolic link .* links are never followed"):
+        direct.adapter_folder(exp, behavior)
+
+    shared = tmp_path / "shared"
+    copying = ServerRollouts(Endpoint("http://127.0.0.1:1/v1", adapter_dir=str(shared)))
+    assert copying.adapter_root(behavior) == str(shared)
+    copy = Path(copying.adapter_folder(exp, behavior))
+    assert copy.parent == shared / exp.name and {p.name: p.read_bytes() for p in copy.iterdir()} == {
+        ADAPTER: behavior.payload[ADAPTER], ADAPTER_CONFIG: behavior.payload[ADAPTER_CONFIG]
+    }
+    (copy / ADAPTER).write_bytes(b"tampered")  # a copy changed behind the run's back is not trusted
+    assert copying.adapter_folder(exp, behavior) == str(copy) and (copy / ADAPTER).read_bytes() == behavior.payload[ADAPTER]
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    (decoy / ADAPTER).write_bytes(b"decoy")
+    shutil.rmtree(copy)
+    copy.symlink_to(decoy)  # a link in place of the copy: moved aside, the copy written anew
+    assert copying.adapter_folder(exp, behavior) == str(copy) and not copy.is_symlink()
+    assert (copy / ADAPTER).read_bytes() == behavior.payload[ADAPTER] and (decoy / ADAPTER).read_bytes() == b"decoy"
+    shutil.rmtree(shared / exp.name)
+    (shared / exp.name).symlink_to(decoy)  # a link in place of the experiment's folder: refused, nothing written through it
+    with pytest.raises(RolloutServerError, match=f"adapter_dir {shared}: .*is a symbolic link"):
+        copying.adapter_folder(exp, behavior)
+    assert [p.name for p in decoy.iterdir()] == [ADAPTER]

@@ -214,11 +214,22 @@ class ServerRollouts:
                 )
             return folder
         root, parts = self.endpoint.adapter_dir, [exp.name, f"v{behavior.version}-{behavior.ref.content_hash[:16]}"]
-        if _differs(root, parts, behavior.payload):  # missing, changed, or a link: (re)written, whole
-            _write_copy(root, parts, behavior.payload)
-            problem = _differs(root, parts, behavior.payload)
-            if problem:
-                raise RolloutServerError(f"cannot keep a copy of the weights v{behavior.version} under adapter_dir: {problem}")
+        try:
+            os.makedirs(root, exist_ok=True)  # adapter_dir itself may be a link: where the user put it
+            if _differs(root, parts, behavior.payload):  # missing, changed, or a link: (re)written, whole
+                _write_copy(root, parts, behavior.payload)
+        except nofollow.LinkFound as e:
+            raise RolloutServerError(
+                f"cannot keep a copy of the weights v{behavior.version} under the rollout environment's adapter_dir "
+                f"{root}: {e}; links below adapter_dir are never followed: remove it"
+            ) from None
+        except OSError as e:
+            raise RolloutServerError(
+                f"cannot keep a copy of the weights v{behavior.version} under the rollout environment's adapter_dir {root}: {describe(e)}"
+            ) from None
+        problem = _differs(root, parts, behavior.payload)
+        if problem:
+            raise RolloutServerError(f"cannot keep a copy of the weights v{behavior.version} under adapter_dir {root}: {problem}")
         return str(Path(root, *parts))
 
 
