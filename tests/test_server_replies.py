@@ -237,7 +237,6 @@ def test_the_adapter_folder_holds_the_bytes_the_run_read_or_is_refused_or_rewrit
     folder = tmp_path / "artifacts" / "weights" / behavior.ref.key
     direct = ServerRollouts(Endpoint("http://127.0.0.1:1/v1"))
     assert direct.adapter_folder(exp, behavior) == str(folder)
-    assert direct.adapter_root(behavior) == str(tmp_path / "artifacts" / "weights")
     original = (folder / ADAPTER).read_bytes()
     (folder / ADAPTER).write_bytes(original[:-8] + b"\0" * 8)  # changed after the run read it
     with pytest.raises(RolloutServerError, match=f"the adapter folder {folder} no longer holds the weights v0 .*its {ADAPTER} holds other bytes"):
@@ -251,7 +250,6 @@ def test_the_adapter_folder_holds_the_bytes_the_run_read_or_is_refused_or_rewrit
 
     shared = tmp_path / "shared"
     copying = ServerRollouts(Endpoint("http://127.0.0.1:1/v1", adapter_dir=str(shared)))
-    assert copying.adapter_root(behavior) == str(shared)
     copy = Path(copying.adapter_folder(exp, behavior))
     assert copy.parent == shared / exp.name and {p.name: p.read_bytes() for p in copy.iterdir()} == {
         ADAPTER: behavior.payload[ADAPTER], ADAPTER_CONFIG: behavior.payload[ADAPTER_CONFIG]
@@ -270,3 +268,6 @@ def test_the_adapter_folder_holds_the_bytes_the_run_read_or_is_refused_or_rewrit
     with pytest.raises(RolloutServerError, match=f"adapter_dir {shared}: .*is a symbolic link"):
         copying.adapter_folder(exp, behavior)
     assert [p.name for p in decoy.iterdir()] == [ADAPTER]
+    # what a server the rollout environment starts is told to allow (DAGSTER_RL_ADAPTER_ROOTS)
+    assert direct.adapter_root(behavior) == str(tmp_path / "artifacts" / "weights")
+    assert copying.adapter_root(behavior) == str(shared)
