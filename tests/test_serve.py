@@ -197,6 +197,7 @@ def test_adapters_load_only_from_the_allowed_roots(clean, root, tmp_path, monkey
         ("temperature", -1.0),
         ("temperature", float("nan")),
         ("temperature", float("inf")),
+        ("temperature", 10**400),
         ("top_p", 0.0),
         ("top_p", 2.0),
         ("top_p", "x"),
@@ -224,6 +225,8 @@ def test_prompt_and_max_tokens_must_fit_the_context(engine):
     assert engine.max_model_len == 256
     ok = parse_completion_request({"prompt": [3] * 250, "max_tokens": 6}, engine)
     assert len(ok.prompt_ids) == 250 and ok.max_tokens == 6
+    with pytest.raises(APIError, match=r"you requested 10{399}6 tokens"):
+        parse_completion_request({"prompt": [3] * 6, "max_tokens": 10**400}, engine)
     with pytest.raises(APIError) as refused:
         parse_completion_request({"prompt": [3] * 250, "max_tokens": 7}, engine)
     message = refused.value.message

@@ -464,9 +464,13 @@ def _number(body: dict[str, Any], name: str, default: float, kind: type = float)
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
         raise APIError(HTTPStatus.BAD_REQUEST, f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}", param=name)
-    if not math.isfinite(value):
-        raise APIError(HTTPStatus.BAD_REQUEST, f"{name} must be finite, got {value!r}", param=name)
-    return kind(value)
+    try:
+        number = kind(value)
+    except OverflowError:  # an integer beyond float64, as a float field
+        number = math.inf
+    if isinstance(number, float) and not math.isfinite(number):
+        raise APIError(HTTPStatus.BAD_REQUEST, f"{name} must be finite, got {str(value)[:50]}", param=name)
+    return number
 
 
 def _flag(body: dict[str, Any], name: str) -> bool:
