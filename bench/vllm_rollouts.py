@@ -159,7 +159,7 @@ def main() -> None:
                     port = free_port()
                     serve_cmd = [
                         "env", f"OMP_NUM_THREADS={args.threads}", str(Path(sys.executable).parent / "dagster-rl"), "serve",
-                        "--model", str(model), "--port", str(port), "--dtype", dtype, "--max-batch", str(n),
+                        "--model", str(model), "--port", str(port), "--dtype", dtype, "--max-batch", str(n), "--adapter-root", str(root),
                     ]  # fmt: skip
                     t0 = time.monotonic()
                     servers.append(started(serve_cmd, port, root))

@@ -88,13 +88,20 @@ def on_policy(
     return CheckOutcome(name="on_policy", passed=False, message=message, value=max_dev)
 
 
-def require_enough_trials(exp: Experiment, step: int, usable: int, planned: int, skipped: list[str]) -> None:
-    """Fail the step, before anything of it is stored, when too few trials are usable."""
+def require_enough_trials(
+    exp: Experiment, step: int, usable: int, planned: int, skipped: list[str], errors: dict[str, str] | None = None
+) -> None:
+    """Fail the step, before anything of it is stored, when too few trials are usable; `errors`
+    (trial id -> why it failed, for the trials that failed in this attempt) gives the error one of them."""
     if usable < exp.min_trials_per_step:
+        example = ""
+        if errors:
+            trial = sorted(errors)[0]
+            example = f" Trial {trial} failed with: {errors[trial][:1000]}."
         raise TooFewTrialsError(
             f"step {step_key(step)} of {exp.name} has {usable} usable trials of {planned} planned, "
             f"fewer than min_trials_per_step={exp.min_trials_per_step} ({len(skipped)} failed after their retries: "
-            f"{', '.join(sorted(skipped)[:5])}...). No result of this step was stored (the trials that succeeded are "
+            f"{', '.join(sorted(skipped)[:5])}...).{example} No result of this step was stored (the trials that succeeded are "
             "kept, so a re-run attempts only the failed ones); fix the failing environment or lower "
             "min_trials_per_step, then re-run the step."
         )

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, ValidationError
 
+from dagster_rl.errors import CorruptArtifactError
 from dagster_rl.hashing import cache_key, content_hash, sha256_hex
 from dagster_rl.store import ArtifactStore
 
@@ -35,7 +36,7 @@ class JudgeCall(BaseModel):
     model: str
     request: dict[str, Any]  # the request body sent (model, messages, sampling settings)
     reply: str  # the judge's message content, cut to MAX_REPLY_CHARS
-    score: float
+    score: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)  # what parse_score read from the whole reply
     recorded_at: str
     reply_chars: int | None = None  # the whole reply's length and sha256, when it was cut
     reply_sha256: str | None = None
@@ -66,7 +67,14 @@ class JudgeJournal:
         key = journal_key(trajectory_hash, rubric_hash, model)
         if not self.store.exists(KIND, key):
             return None
-        return self.store.get_model(KIND, key, JudgeCall)
+        try:
+            return self.store.get_model(KIND, key, JudgeCall)
+        except ValidationError as e:  # an entry no judge call could have written (a score outside [0, 1]): never replayed
+            raise CorruptArtifactError(
+                f"artifact {KIND}/{key} is not a judge call ({e.error_count()} invalid field(s): {e.errors()[0]['loc']} "
+                f"{e.errors()[0]['msg']}). {self.store.move_aside(KIND, key, reason='invalid') if self.store.quarantine else ''} "
+                "The next attempt of the judgement asks the judge again."
+            ) from None
 
     def record(self, call: JudgeCall) -> JudgeCall:
         """Store `call` unless an entry for its key exists; return the entry that is stored (a

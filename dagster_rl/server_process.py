@@ -20,6 +20,10 @@ from dagster_rl.errors import DagsterRLError
 from dagster_rl.http_json import EndpointError
 from dagster_rl.vllm_client import ServerReplyError, ServerSampling, VLLMClient
 
+# the folders `dagster-rl serve` may load adapters from, besides its --adapter-root flags (os.pathsep between
+# them): a rollout environment that starts a server sets it to the folders its backend loads adapters from
+ADAPTER_ROOTS_ENV = "DAGSTER_RL_ADAPTER_ROOTS"
+
 # vLLM 0.32's CPU attention (CPUAttentionBackend.get_supported_head_sizes)
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
@@ -59,12 +63,15 @@ class ServerStartError(DagsterRLError):
 
 
 class ManagedServer:
-    def __init__(self, command: list[str], client: VLLMClient, startup_timeout_s: float = 600.0, log_dir: str | None = None):
+    def __init__(
+        self, command: list[str], client: VLLMClient, startup_timeout_s: float = 600.0, log_dir: str | None = None, env: dict[str, str] | None = None
+    ):
         if not command:
             raise ValueError("a managed server needs a command, e.g. ['vllm', 'serve', '<model>', '--enable-lora', '--port', '8000']")
         self.command, self.client, self.startup_timeout_s = list(command), client, startup_timeout_s
         self.log_path = Path(tempfile.mkstemp(prefix="rollout-server-", suffix=".log", dir=log_dir)[1])
         self.proc: subprocess.Popen | None = None
+        self.env = dict(env or {})
 
     def start(self) -> "ManagedServer":
         if self.client.healthy():
@@ -72,7 +79,7 @@ class ManagedServer:
                 f"something already answers at {self.client.root}/health: stop it, or unset the rollout environment's "
                 "server_command to use it as it is"
             )
-        env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}  # vLLM's switch for /v1/load_lora_adapter
+        env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", **self.env}  # vLLM's switch for /v1/load_lora_adapter
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout_s
@@ -90,7 +97,7 @@ class ManagedServer:
         """Generate one greedy token of the base model; stop the server and say why when it cannot."""
         try:
             base = next(c["id"] for c in self.client.models() if not c.get("parent"))
-            self.client.complete(base, [0], ServerSampling(temperature=0.0, top_p=1.0, max_tokens=1, stop_token_ids=()), seed=0)
+            self.client.complete(base, [0], ServerSampling(temperature=0.0, top_p=1.0, max_tokens=1, stop_token_ids=()), seed=0, vocab=None)
         except (EndpointError, ServerReplyError, StopIteration) as e:
             said = str(e) if not isinstance(e, StopIteration) else "no base model in /v1/models"
             if self.proc is not None:  # vLLM logs the engine's error as it dies: let it finish

@@ -46,6 +46,7 @@ class Stored(Generic[V]):
     attempted: list[str] = field(default_factory=list)  # trials run now
     failed: list[str] = field(default_factory=list)  # trials that failed now, after their retries
     recovered: list[str] = field(default_factory=list)  # trials an earlier attempt failed that succeeded now
+    errors: dict[str, str] = field(default_factory=dict)  # trial id -> why it failed now (its last attempt's error)
 
     @property
     def cache(self) -> str:
@@ -88,7 +89,8 @@ def trial_set(
         ref = store.put_partial(kind, key, {DATA: canonical_json(value)}, failed)
     else:
         value, ref, _ = store.get_or_put(kind, key, record, lambda: value)
-    return Stored(value, ref, hit=False, attempted=pending, failed=failed, recovered=recovered)
+    errors = {o.trial_id: o.error for o in outcomes if isinstance(o, TrialFailed)}
+    return Stored(value, ref, hit=False, attempted=pending, failed=failed, recovered=recovered, errors=errors)
 
 
 def _latest_partial(store: ArtifactStore, kind: str, key: str, record: type[V], warn: Warn) -> V | None:
@@ -179,7 +181,7 @@ def step_rewards(
         warn,
     )
     usable, planned = len(rewards.value.rewards), rollouts.value.n_trials_planned
-    require_enough_trials(exp, rollouts.value.step, usable, planned, rewards.value.skipped)
+    require_enough_trials(exp, rollouts.value.step, usable, planned, rewards.value.skipped, {**rollouts.errors, **rewards.errors})
     return rewards
 
 

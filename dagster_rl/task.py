@@ -176,7 +176,9 @@ class Endpoint:
     api_key: str | None = None
     request_timeout_s: float = 60.0
     adapter_dir: str = ""
-    start: Callable[[], None] | None = None  # starts the server when the environment manages one; call before use
+    # starts the server when the environment manages one; call before use, with the folders its adapters
+    # will be loaded from (a `dagster-rl serve` it starts loads adapters from those alone)
+    start: Callable[[list[str]], None] | None = None
 
 
 @dataclass(frozen=True)

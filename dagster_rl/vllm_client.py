@@ -23,6 +23,7 @@ else at the value that leaves that distribution alone (`NEUTRAL_SAMPLING`), and 
 where this project's sampler stops (`stop_token_ids`, with `ignore_eos` so that no other id does).
 """
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,9 @@ from dagster_rl.http_json import EndpointError, JSONEndpoint
 
 VLLM_VERSION = "0.32.0"  # the version the tests run (Makefile), the `vllm` extra and deploy/k8s/vllm.yaml's image
 TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
+# log-probabilities are <= 0; a correct server's log softmax of its most likely token can round above 0 by
+# float32 rounding (vLLM and serve compute it as x - max - log(sum exp(x - max)), exactly <= 0 on the CPU)
+LOGPROB_SLACK = 1e-5
 
 # The fields of vLLM 0.32's CompletionRequest that change which tokens are sampled, or their
 # log-probabilities, other than the ones the experiment sets (temperature, top_p, max_tokens, the
@@ -111,34 +115,89 @@ def completion_body(model: str, prompt_ids: list[int], sampling: ServerSampling,
     }
 
 
-def token_id(token: Any) -> int:
+def token_id(token: Any, server: str = "rollout server") -> int:
     m = TOKEN_ID.match(str(token))
     if not m:
         raise ServerReplyError(
-            f"rollout server returned the token {token!r}, not 'token_id:<id>': it ignores return_tokens_as_token_ids "
+            f"{server} returned the token {str(token)[:100]!r}, not 'token_id:<id>': it ignores return_tokens_as_token_ids "
             "per request (an older vLLM: start it with --return-tokens-as-token-ids)"
         )
     return int(m.group(1))
 
 
-def parse_completion(payload: Any, raw: bytes) -> Completion:
-    """A /v1/completions answer of one choice with logprobs, read as token ids and log-probabilities:
-    everything the rollout backend takes from a server's reply is read here."""
+def parse_completion(payload: Any, raw: bytes, sampling: ServerSampling, vocab: int | None, server: str = "rollout server") -> Completion:
+    """A /v1/completions answer of one choice with logprobs, read as token ids and log-probabilities,
+    and checked against what was asked (`check_completion`): everything the rollout backend takes
+    from a server's reply is read here. `server` names the server in errors."""
     try:
         choice = payload["choices"][0]
         lp = choice["logprobs"]
         tokens, logprobs = lp["tokens"], lp["token_logprobs"]
-        finish, text = str(choice["finish_reason"]), str(choice.get("text") or "")
+        finish, text = choice["finish_reason"], str(choice.get("text") or "")
         tops = lp.get("top_logprobs")
+        if not isinstance(tokens, list) or not isinstance(logprobs, list):
+            raise TypeError("tokens and token_logprobs are lists")
     except (KeyError, IndexError, TypeError):
-        raise ServerReplyError(f"rollout server answered a completion without logprobs: {raw[:300]!r}") from None
-    ids = [token_id(t) for t in tokens]
+        raise ServerReplyError(f"{server} answered a completion without logprobs: {raw[:300]!r}") from None
+    ids = [token_id(t, server) for t in tokens]
     if len(ids) != len(logprobs) or any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in logprobs):
-        raise ServerReplyError(f"rollout server returned {len(ids)} tokens with log-probabilities {logprobs!r}")
+        raise ServerReplyError(f"{server} returned {len(ids)} tokens with log-probabilities {str(logprobs)[:300]}")
     top = None
     if isinstance(tops, list) and tops and all(isinstance(d, dict) for d in tops):
-        top = [{token_id(t): float(v) for t, v in d.items()} for d in tops]
-    return Completion(ids, [float(v) for v in logprobs], finish, text, top)
+        try:
+            top = [{token_id(t, server): float(v) for t, v in d.items()} for d in tops]
+        except (TypeError, ValueError):
+            raise ServerReplyError(f"{server} returned top_logprobs that are not numbers: {str(tops)[:300]}") from None
+    completion = Completion(ids, [float(v) for v in logprobs], str(finish), text, top)
+    check_completion(completion, sampling, vocab, server)
+    return completion
+
+
+def check_completion(c: Completion, sampling: ServerSampling, vocab: int | None, server: str = "rollout server") -> None:
+    """A `ServerReplyError` naming the rule a completion breaks, and the server, unless it is one the
+    request could have produced:
+
+    - tokens: at least 1 (a completion that stops at once holds its stop token) and at most `max_tokens`;
+    - token ids: each in [0, vocab) (the model's vocabulary: `vocab`; None: not known, only >= 0);
+    - log-probabilities: one per token, each finite and <= 0 (`LOGPROB_SLACK` for float rounding),
+      and those of `top_logprobs` too;
+    - finish_reason: "stop" exactly when the last token is one of the stop tokens asked for, "length"
+      exactly when the completion holds `max_tokens` tokens and does not end at a stop token; no stop
+      token before the last.
+
+    These are the rules every reply of a correct server keeps, whatever it samples; a reply that
+    breaks one is not a rollout (training on it would fail, or silently learn from numbers no
+    policy produced)."""
+
+    def broke(rule: str, detail: str) -> ServerReplyError:
+        return ServerReplyError(f"{server} sent a completion that breaks the rule '{rule}': {detail}")
+
+    ids, n = c.token_ids, len(c.token_ids)
+    if not 1 <= n <= sampling.max_tokens:
+        raise broke("1 <= tokens <= max_tokens", f"{n} tokens, max_tokens {sampling.max_tokens}")
+    bound = f"[0, {vocab})" if vocab is not None else "[0, ...)"
+    for i, t in enumerate(ids):
+        if t < 0 or (vocab is not None and t >= vocab):
+            raise broke("token ids in the vocabulary", f"token {t} at position {i} is not in {bound}")
+    for i, v in enumerate(c.logprobs):
+        if not math.isfinite(v) or v > LOGPROB_SLACK:
+            raise broke("log-probabilities finite and <= 0", f"{v} at position {i} (token {ids[i]})")
+    for i, d in enumerate(c.top_logprobs or []):
+        for t, v in d.items():
+            if t < 0 or (vocab is not None and t >= vocab) or not math.isfinite(v) or v > LOGPROB_SLACK:
+                raise broke("top_logprobs: ids in the vocabulary, log-probabilities finite and <= 0", f"{{{t}: {v}}} at position {i}")
+    stops = set(sampling.stop_token_ids)
+    early = next((i for i, t in enumerate(ids[:-1]) if t in stops), None)
+    if early is not None:
+        raise broke("nothing after a stop token", f"stop token {ids[early]} at position {early} of {n} tokens")
+    ends_at_stop = ids[-1] in stops
+    if c.finish_reason not in ("stop", "length"):
+        raise broke("finish_reason 'stop' or 'length'", f"finish_reason {c.finish_reason!r}")
+    if c.finish_reason == "stop" and not ends_at_stop:
+        raise broke("finish_reason 'stop' <=> the last token is a stop token", f"finish_reason 'stop', last token {ids[-1]}, stop tokens {sorted(stops)}")
+    if c.finish_reason == "length" and (ends_at_stop or n != sampling.max_tokens):
+        detail = f"it ends at the stop token {ids[-1]}" if ends_at_stop else f"{n} tokens, max_tokens {sampling.max_tokens}"
+        raise broke("finish_reason 'length' <=> exactly max_tokens tokens, the last no stop token", f"finish_reason 'length', {detail}")
 
 
 class VLLMClient:
@@ -172,11 +231,21 @@ class VLLMClient:
         self.http.call("POST", "/unload_lora_adapter", {"lora_name": name})
 
     def complete(
-        self, model: str, prompt_ids: list[int], sampling: ServerSampling, seed: int, logprobs: int = 0, timeout_s: float | None = None
+        self,
+        model: str,
+        prompt_ids: list[int],
+        sampling: ServerSampling,
+        seed: int,
+        logprobs: int = 0,
+        timeout_s: float | None = None,
+        *,
+        vocab: int | None,
     ) -> Completion:
-        """One completion of a token-id prompt, sampled with `seed`, as token ids and their log-probabilities."""
+        """One completion of a token-id prompt, sampled with `seed`, as token ids and their
+        log-probabilities; a `ServerReplyError` unless it keeps every rule of `check_completion`
+        (`vocab`: the model's vocabulary size, which bounds its token ids; None where it is not known)."""
         payload, raw = self.http.call_json("POST", "/completions", completion_body(model, prompt_ids, sampling, seed, logprobs), timeout_s)
-        return parse_completion(payload, raw)
+        return parse_completion(payload, raw, sampling, vocab, f"rollout server {self.base_url} (model {model})")
 
     def close(self) -> None:
         self.http.close()

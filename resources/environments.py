@@ -1,6 +1,7 @@
 """The loop's environments: rollout, judge and trainer, each with its own retries, timeout and
 concurrency, each building the backend an experiment runs (through its task's record)."""
 
+import os
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from dagster_rl.llm_judge import LLMJudge, OpenAIChatClient
 from dagster_rl.pods import PodJob
 from dagster_rl.retries import Limits
 from dagster_rl.rubric_judge import RubricJudge
-from dagster_rl.server_process import ManagedServer
+from dagster_rl.server_process import ADAPTER_ROOTS_ENV, ManagedServer
 from dagster_rl.task import Backend, Endpoint, JudgeBackend, RolloutEnv, TrainerEnv, task_of
 from dagster_rl.vllm_client import VLLMClient
 from resources.artifact_store import ArtifactStoreResource
@@ -85,14 +86,17 @@ class RolloutEnvironment(_Environment):
             return None
         return Endpoint(self.base_url, self.api_key or None, self.request_timeout_s, self.adapter_dir, self._start_server)
 
-    def _start_server(self) -> None:
-        """Start the managed server once, on first use (no command: the server is someone else's)."""
+    def _start_server(self, adapter_roots: list[str]) -> None:
+        """Start the managed server once, on first use (no command: the server is someone else's),
+        allowed to load adapters from `adapter_roots` alone (`DAGSTER_RL_ADAPTER_ROOTS`, which
+        `dagster-rl serve` reads; vLLM ignores it)."""
         if not self.server_command:
             return
         with self._server_lock:
             if self._server is None:
                 client = VLLMClient(self.base_url, self.api_key or None)
-                self._server = ManagedServer(self.server_command, client, self.server_startup_timeout_s).start()
+                env = {ADAPTER_ROOTS_ENV: os.pathsep.join(adapter_roots)}
+                self._server = ManagedServer(self.server_command, client, self.server_startup_timeout_s, env=env).start()
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         if self._server is not None:

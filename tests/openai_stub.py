@@ -9,10 +9,11 @@
 It scores by a rule (default `rule_score`: a verified-looking answer found in few turns without
 leftover files scores high) and answers `SCORE: <x>`. Failure modes, for the judge's error paths:
 `fail_next(n, status)` answers the next n requests with an HTTP error, `delay_s` delays answers,
-`reply_text` replaces the reply. `crash_after_answer(n)` arms `after_answer`, a hook for the
-caller (LLMJudge.after_call): the next n callers whose request was answered raise
-`CrashAfterJudgeCall` right after the answer arrived, as a judging task that dies after paying
-for its judge call.
+`reply_text` replaces the reply, `content` the message content with any JSON value (null included);
+`received` counts requests as they arrive (answered or not). `crash_after_answer(n)` arms
+`after_answer`, a hook for the caller (LLMJudge.after_call): the next n callers whose request was
+answered raise `CrashAfterJudgeCall` right after the answer arrived, as a judging task that dies
+after paying for its judge call.
 """
 
 import json
@@ -24,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 _TRAJECTORY = re.compile(r"Trajectory \(JSON\):\n(\{.*\})", re.DOTALL)
+_UNSET = object()
 
 
 class CrashAfterJudgeCall(RuntimeError):
@@ -48,6 +50,8 @@ class OpenAIStub:
         self.rule = rule
         self.delay_s = delay_s
         self.reply_text: str | None = None
+        self.content: Any = _UNSET
+        self.received = 0
         self.calls: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._fail_next: list[int] = []
@@ -111,6 +115,7 @@ class OpenAIStub:
         if not isinstance(body.get("model"), str) or not isinstance(body.get("messages"), list):
             return 400, {"error": {"message": "model and messages are required", "type": "invalid_request_error"}}
         with self._lock:
+            self.received += 1
             status = self._fail_next.pop(0) if self._fail_next else None
         if status is not None:
             return status, {"error": {"message": "injected failure", "type": "server_error"}}
@@ -118,6 +123,8 @@ class OpenAIStub:
             time.sleep(self.delay_s)
         score = self.rule(body)
         content = self.reply_text if self.reply_text is not None else f"SCORE: {score}"
+        if self.content is not _UNSET:
+            content = self.content
         with self._lock:
             self.calls.append(body)
             n = len(self.calls)

@@ -4,25 +4,29 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from dagster_rl.vllm_client import VLLMClient
 from tests.servers import REPO, executable, free_port
 
 
-def serve_command(port: int, model: str = "builtin:tiny-qwen2") -> list[str]:
-    return [executable("dagster-rl"), "serve", "--model", model, "--host", "127.0.0.1", "--port", str(port)]
+def serve_command(port: int, model: str = "builtin:tiny-qwen2", adapter_roots: Sequence[str] = (), *extra: str) -> list[str]:
+    """`dagster-rl serve` on 127.0.0.1:port; adapters from `adapter_roots` (a rollout environment that
+    starts it adds the folders its backend loads from, through DAGSTER_RL_ADAPTER_ROOTS)."""
+    roots = [a for r in adapter_roots for a in ("--adapter-root", str(r))]
+    return [executable("dagster-rl"), "serve", "--model", model, "--host", "127.0.0.1", "--port", str(port), *roots, *extra]
 
 
 class ServeProcess:
-    """with ServeProcess(log_dir) as server: server.base_url, server.client, server.log()"""
+    """with ServeProcess(log_dir, adapter_roots=[...]) as server: server.base_url, server.client, server.log()"""
 
-    def __init__(self, log_dir: Path, model: str = "builtin:tiny-qwen2"):
+    def __init__(self, log_dir: Path, model: str = "builtin:tiny-qwen2", adapter_roots: Sequence[str] = (), extra: Sequence[str] = ()):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.client = VLLMClient(self.base_url, timeout_s=30)
         self.log_path = log_dir / f"serve-{self.port}.log"
-        self.command = serve_command(self.port, model)
+        self.command = serve_command(self.port, model, adapter_roots, *extra)
         self.proc: subprocess.Popen | None = None
 
     def log(self) -> str:

@@ -295,3 +295,74 @@ def test_a_judge_that_answers_megabytes_has_a_bounded_journal(stub, store, tmp_p
     entry = JudgeJournal(store).lookup(trajectory_hash(trajs[0]), rubric_hash(exp.rubric, SecretSearchGrading.prompt_version), MODEL)
     assert entry.reply == stub.reply_text[:MAX_REPLY_CHARS]
     assert (entry.reply_chars, entry.reply_sha256) == (len(stub.reply_text), sha256_hex(stub.reply_text.encode()))
+
+
+# ---- issue 20: the judge's replies are checked, and a judge that never answers fails fast --------
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ("SCORE: 1.7", "answered the score 1.7, outside [0, 1]"),
+        ('{"score": NaN}', "answered the score nan, outside [0, 1]"),
+        ('{"score": Infinity}', "answered the score inf, outside [0, 1]"),
+        ("SCORE: 1e999", "answered the score inf, outside [0, 1]"),
+        ('{"score": "0.5"}', "answered no score"),
+        ("SCORE: 0.2. On reflection, SCORE: 0.9", "answered 2 different scores (0.2, 0.9), not one"),
+        (None, "not a chat completion with text"),
+        (["SCORE: 0.5"], "not a chat completion with text"),
+    ],
+)
+def test_a_malformed_or_out_of_range_judge_reply_fails_the_judgement_and_is_never_journaled(stub, store, content, says):
+    stub.content = content
+    judge = make_judge(stub, store, max_retries=1)
+    with pytest.raises(AttemptsExhausted) as failed:
+        judge.judge(experiment(), trajectory(0))
+    assert len(failed.value.errors) == 2 and stub.count == 2  # retried, each attempt asked the judge again: nothing replayed
+    error = str(failed.value.errors[-1])
+    assert isinstance(failed.value.errors[-1], LLMJudgeError) and says in error, error
+    assert f"judge endpoint {stub.base_url}/chat/completions" in error  # which server sent it
+    assert not (Path(store.root) / KIND).exists()  # nothing journaled
+    stub.content = "SCORE: 0.5"  # the judge answers well again: the judgement is made, and journaled
+    assert judge.judge(experiment(), trajectory(0)).components["llm"] == 0.5
+    assert len(list((Path(store.root) / KIND).iterdir())) == 1
+
+
+def test_a_journal_entry_no_judge_could_have_written_is_moved_aside_and_asked_again(stub, store):
+    from dagster_rl.judge_journal import JudgeCall
+
+    exp, traj = experiment(), trajectory(1)
+    t_hash, r_hash = trajectory_hash(traj), rubric_hash(exp.rubric, SecretSearchGrading.prompt_version)
+    forged = JudgeCall.model_construct(trajectory_hash=t_hash, rubric_hash=r_hash, model=MODEL, request={}, reply="SCORE: 5", score=5.0, recorded_at="x")
+    store.put_model(KIND, journal_key(t_hash, r_hash, MODEL), forged)
+    reward = make_judge(stub, store).judge(exp, traj)
+    assert stub.count == 1 and reward.components["llm"] == rule_score(stub.calls[0])  # asked again, not replayed
+    assert [p.name.split(".")[-1] for p in (Path(store.root) / "quarantine" / KIND).iterdir()] == ["invalid"]
+
+
+def test_a_judge_that_never_answers_fails_the_step_after_one_judgements_worst_case(store):
+    """16 judgements, 4 at a time, 3 attempts of at most 0.3 s each, against a judge that never
+    answers: the first 4 wait out their 3 attempts (12 requests); the other 12 are not sent while
+    the endpoint is taken as down, and fail at once naming it. Before, each of the 4 waves waited
+    out its own attempts (48 requests: a step of the demo took 281 s to fail with the defaults)."""
+    from dagster_rl.steps import judge_all
+
+    with OpenAIStub(delay_s=30.0) as silent:
+        judge = LLMJudge(
+            client=OpenAIChatClient(silent.base_url, timeout_s=0.3),
+            model=MODEL,
+            journal=JudgeJournal(store),
+            grading=SecretSearchGrading(),
+            limits=Limits(max_retries=2, timeout_s=60.0, max_concurrency=4),
+        )
+        outcomes = judge_all(experiment(), [trajectory(i) for i in range(16)], judge)
+        received = silent.received
+    assert received == 12
+    errors = sorted(o.error for o in outcomes)
+    assert len(errors) == 16
+    waited = [e for e in errors if "did not answer within 0.3 s" in e and "not sent" not in e]
+    not_sent = [e for e in errors if "not sent: judge endpoint" in e]
+    assert len(waited) == 4 and len(not_sent) == 12, errors
+    assert "(3 attempt(s) of at most 0.3 s: the judge environment's max_retries and request_timeout_s) failed after 3 attempt(s)" in waited[0]
+    assert f"judge endpoint {silent.base_url}/chat/completions answered none of the 3 attempt(s) of judging" in not_sent[0]
+    assert "it is taken as down for 0.9 s" in not_sent[0]

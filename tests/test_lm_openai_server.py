@@ -53,8 +53,8 @@ def server_sampling(temperature: float, max_tokens: int, stop: int = 1) -> Serve
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """One `dagster-rl serve` kept up for the whole module."""
-    with ServeProcess(tmp_path_factory.mktemp("serve")) as s:
+    """One `dagster-rl serve` kept up for the whole module, loading adapters from the tests' temporary folders."""
+    with ServeProcess(tmp_path_factory.mktemp("serve"), adapter_roots=[str(tmp_path_factory.getbasetemp())]) as s:
         yield s
 
 
@@ -94,16 +94,16 @@ def test_the_server_speaks_vllms_api_and_samples_as_the_engine(server):
     model, tok = load_base(TINY)
     sampling = SamplingSettings(temperature=0.7, top_p=1.0, max_new_tokens=5)
     ours = generate(model.eval(), [prompt], [1234], sampling, tok.eos_token_id, tok.pad_token_id)[0]
-    via = server.client.complete(TINY, prompt, server_sampling(0.7, 5), seed=1234)
+    via = server.client.complete(TINY, prompt, server_sampling(0.7, 5), seed=1234, vocab=68)
     assert via.token_ids == ours.completion_ids == [int(t.split(":")[1]) for t in lp["tokens"]]
     with torch.inference_mode():
         expected = completion_logprobs(model, prompt, ours.completion_ids, 0.7).tolist()
     assert via.logprobs == pytest.approx(expected, abs=1e-6) and via.finish_reason == ours.finish_reason
-    other = server.client.complete(TINY, prompt, server_sampling(0.7, 5), seed=99)
+    other = server.client.complete(TINY, prompt, server_sampling(0.7, 5), seed=99, vocab=68)
     assert other.token_ids != via.token_ids  # the seed decides
 
     # logprobs k: the sampled token's and the top k of the same distribution, the sampled one first, as vLLM
-    top = server.client.complete(TINY, prompt, server_sampling(0.7, 5), seed=1234, logprobs=3)
+    top = server.client.complete(TINY, prompt, server_sampling(0.7, 5), seed=1234, logprobs=3, vocab=68)
     assert top.token_ids == via.token_ids and top.logprobs == pytest.approx(via.logprobs, abs=1e-6)
     for t, lp, d in zip(top.token_ids, top.logprobs, top.top_logprobs):
         ids = list(d)
@@ -125,7 +125,8 @@ def test_the_server_speaks_vllms_api_and_samples_as_the_engine(server):
     status, body = post(server, "/completions", {"model": "nope", "prompt": prompt})
     assert status == 404 and body["error"]["type"] == "NotFoundError" and body["error"]["param"] == "model" and body["error"]["code"] == 404
     assert post(server, "/unload_lora_adapter", {"lora_name": "nope"})[0] == 404
-    assert post(server, "/load_lora_adapter", {"lora_name": "x", "lora_path": "/no/such/folder"})[0] == 404
+    assert post(server, "/load_lora_adapter", {"lora_name": "x", "lora_path": "/no/such/folder"})[0] == 403  # outside --adapter-root
+    assert post(server, "/load_lora_adapter", {"lora_name": "x", "lora_path": f"{server.log_path.parent}/no-such-folder"})[0] == 404
     assert post(server, "/completions", {"model": TINY, "prompt": prompt, "stream": True})[0] == 400
 
 

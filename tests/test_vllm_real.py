@@ -341,7 +341,7 @@ def test_dagster_rl_serve_answers_the_same_requests_as_vllm(vllm, tmp_path):
     adapter = str(save_checkpoint(tmp_path / "adapter", checkpoint_bytes(policy, None)))
     prompts = [[3, 9, 11, 4], [5, 7, 2], [12, 13, 14, 15, 16]]
     greedy = ServerSampling(0.0, 1.0, 6, (1,))
-    with ServeProcess(tmp_path, model=vllm.model) as serve:
+    with ServeProcess(tmp_path, model=vllm.model, adapter_roots=[str(tmp_path)]) as serve:
         answers = {}
         for name, base_url in (("serve", serve.base_url), ("vllm", vllm.base_url)):
             client, http = VLLMClient(base_url, timeout_s=120), JSONEndpoint(base_url, timeout_s=120)

@@ -19,6 +19,7 @@
   processed_logprobs` (see deploy/k8s/vllm.yaml). The step's `on_policy` check compares them.
 """
 
+import os
 import re
 import shutil
 import threading
@@ -29,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import fsspec
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
-from dagster_rl import counters
+from dagster_rl import counters, nofollow
 from dagster_rl.errors import DagsterRLError
 from dagster_rl.faults import maybe_fail
 from dagster_rl.http_json import EndpointError
@@ -41,9 +42,9 @@ from dagster_rl.lm.prompts import encode_prompt
 from dagster_rl.lm.records import LMRollout, RolloutRequest, rollout_of
 from dagster_rl.lm.tiny import resolve_model
 from dagster_rl.records import TrialFailed
-from dagster_rl.retries import AttemptsExhausted, Limits, with_retries
+from dagster_rl.retries import AttemptsExhausted, Limits, describe, with_retries
 from dagster_rl.task import Endpoint, Weights
-from dagster_rl.vllm_client import ServerSampling, VLLMClient
+from dagster_rl.vllm_client import ServerReplyError, ServerSampling, VLLMClient
 
 Checkpoint = dict[str, bytes]
 
@@ -73,7 +74,7 @@ def local_folder(uri: str) -> str:
 class ServerRollouts:
     endpoint: Endpoint
     limits: Limits = Limits()
-    _tokenizers: dict[str, PreTrainedTokenizerBase] = field(default_factory=dict)
+    _tokenizers: dict[str, tuple[PreTrainedTokenizerBase, int]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     client: VLLMClient = field(init=False)
     _mode_checked: bool = field(default=False, init=False)
@@ -83,25 +84,29 @@ class ServerRollouts:
         e = self.endpoint
         self.client = VLLMClient(e.base_url, e.api_key, e.request_timeout_s, max_connections=max(self.limits.max_concurrency, 4))
 
-    def tokenizer(self, base_model: str) -> PreTrainedTokenizerBase:
+    def tokenizer(self, base_model: str) -> tuple[PreTrainedTokenizerBase, int]:
+        """The base model's tokenizer, and its vocabulary size (the model config's: the rows of the
+        embedding the trainer indexes with every sampled id, which bound the ids a server may return)."""
         with self._lock:
             if base_model not in self._tokenizers:
-                tok = AutoTokenizer.from_pretrained(resolve_model(base_model))
+                folder = resolve_model(base_model)
+                tok = AutoTokenizer.from_pretrained(folder)
                 if tok.pad_token_id is None:
                     tok.pad_token = tok.eos_token
-                self._tokenizers[base_model] = tok
+                vocab = getattr(AutoConfig.from_pretrained(folder).get_text_config(), "vocab_size", None) or len(tok)
+                self._tokenizers[base_model] = (tok, int(vocab))
             return self._tokenizers[base_model]
 
     def generate(
         self, exp: LMExperiment, requests: Sequence[RolloutRequest], behavior: Weights[Checkpoint], template: str
     ) -> list[LMRollout | TrialFailed]:
         """One outcome per request, in order: its rollout, or how it failed after its retries."""
-        tok = self.tokenizer(exp.policy.base_model)
+        tok, vocab = self.tokenizer(exp.policy.base_model)
         if self.endpoint.start is not None:
-            self.endpoint.start()
+            self.endpoint.start([self.adapter_root(behavior)])
         name = self.serve(exp, behavior)
         if requests:
-            self.check_logprobs_mode(name, encode_prompt(tok, requests[0].item, template))
+            self.check_logprobs_mode(name, encode_prompt(tok, requests[0].item, template), vocab)
         s = exp.sampling
         sampling = ServerSampling(s.temperature, s.top_p, s.max_new_tokens, stop_token_ids=(tok.eos_token_id,))
 
@@ -117,19 +122,20 @@ class ServerRollouts:
                     sampling,
                     seed=r.seed % 2**63,  # vLLM takes a signed 64-bit seed; the sampler uses seed mod 2^63 anyway
                     timeout_s=min(self.endpoint.request_timeout_s, self.limits.timeout_s),
-                )
+                    vocab=vocab,
+                )  # checked against the request (vllm_client.check_completion): a reply that breaks a rule fails the attempt
                 text = tok.decode(c.token_ids, skip_special_tokens=True)
                 return rollout_of(r, prompt_ids, c.token_ids, text, c.logprobs, c.finish_reason, s.temperature, s.top_p, behavior.version)
 
             try:
                 return with_retries(f"trial {r.trial_id}", attempt, self.limits.max_retries, self.limits.timeout_s)
             except AttemptsExhausted as e:
-                return TrialFailed(trial_id=r.trial_id, error=repr(e.errors[-1]))
+                return TrialFailed(trial_id=r.trial_id, error=describe(e.errors[-1]))
 
         with ThreadPoolExecutor(self.limits.max_concurrency, "rollout") as pool:
             return list(pool.map(trial, requests))
 
-    def check_logprobs_mode(self, model: str, prompt_ids: list[int]) -> None:
+    def check_logprobs_mode(self, model: str, prompt_ids: list[int], vocab: int) -> None:
         """Refuse a server that reports raw log-probabilities (vLLM's default `--logprobs-mode
         raw_logprobs`): they ignore the temperature, and every processing of the logits the server
         applies, so the on_policy check could not see what the server samples. Asked once: the top
@@ -138,10 +144,7 @@ class ServerRollouts:
         with self._lock:
             if self._mode_checked:
                 return
-            tops = [
-                max(self.client.complete(model, prompt_ids, ServerSampling(t, 1.0, 1, ()), seed=0, logprobs=1).top_logprobs[0].values())
-                for t in (1.0, 0.5)
-            ]
+            tops = [self._top_logprob(model, prompt_ids, t, vocab) for t in (1.0, 0.5)]
             if abs(tops[0] - tops[1]) < 1e-6:
                 raise RolloutServerError(
                     f"the rollout server at {self.endpoint.base_url} reports log-probabilities that do not depend on the "
@@ -150,6 +153,12 @@ class ServerRollouts:
                     "not see what it samples: start it with --logprobs-mode processed_logprobs"
                 )
             self._mode_checked = True
+
+    def _top_logprob(self, model: str, prompt_ids: list[int], temperature: float, vocab: int) -> float:
+        c = self.client.complete(model, prompt_ids, ServerSampling(temperature, 1.0, 1, ()), seed=0, logprobs=1, vocab=vocab)
+        if not c.top_logprobs or not c.top_logprobs[0]:
+            raise ServerReplyError(f"rollout server {self.endpoint.base_url} answered logprobs: 1 without top_logprobs")
+        return max(c.top_logprobs[0].values())
 
     # ---- adapters ----------------------------------------------------------------------------
     def serve(self, exp: LMExperiment, behavior: Weights[Checkpoint]) -> str:
@@ -181,18 +190,82 @@ class ServerRollouts:
                 f"of experiment {exp.name}: start it with that model (vllm serve {exp.policy.base_model} --enable-lora ...)"
             )
 
+    def adapter_root(self, behavior: Weights[Checkpoint]) -> str:
+        """The folder the server loads this backend's adapters from (what a server started for the run
+        is told to allow, `dagster-rl serve --adapter-root`): adapter_dir, or the store's weights folder."""
+        if self.endpoint.adapter_dir:
+            return self.endpoint.adapter_dir
+        return local_folder(behavior.ref.uri).rsplit("/", 1)[0]
+
     def adapter_folder(self, exp: LMExperiment, behavior: Weights[Checkpoint]) -> str:
-        """The folder the server loads: under adapter_dir (a copy, by content hash), or the artifact itself."""
+        """The folder the server loads: the weights' artifact folder, or a copy under adapter_dir
+        (by version and content hash). Either way it is checked, without following a link, to hold
+        the very bytes the run read through the store (`behavior.payload`) before the server is told
+        to load it: a folder changed, or replaced by a link, since the store read it is refused (the
+        artifact) or replaced (a copy)."""
         if not self.endpoint.adapter_dir:
-            return local_folder(behavior.ref.uri)
-        folder = Path(self.endpoint.adapter_dir) / exp.name / f"v{behavior.version}-{behavior.ref.content_hash[:16]}"
-        if not (folder / ADAPTER).is_file():  # written once, whole: a copy in a temporary folder, renamed
-            tmp = folder.with_name(f"{folder.name}.tmp-{uuid.uuid4().hex}")
-            tmp.mkdir(parents=True)
-            for f in (ADAPTER_CONFIG, ADAPTER):
-                (tmp / f).write_bytes(behavior.payload[f])
-            try:
-                tmp.rename(folder)
-            except OSError:  # another writer was first: its copy holds the same bytes
-                shutil.rmtree(tmp, ignore_errors=True)
-        return str(folder)
+            folder = local_folder(behavior.ref.uri)
+            root, kind, key = folder.rsplit("/", 2)  # <store>/weights/<key>
+            problem = _differs(root, [kind, key], behavior.payload)
+            if problem:
+                raise RolloutServerError(
+                    f"the adapter folder {folder} no longer holds the weights v{behavior.version} the run read from the "
+                    f"store ({problem}): it changed after the read; `dagster-rl verify {exp.name}` says what is wrong"
+                )
+            return folder
+        root, parts = self.endpoint.adapter_dir, [exp.name, f"v{behavior.version}-{behavior.ref.content_hash[:16]}"]
+        try:
+            os.makedirs(root, exist_ok=True)  # adapter_dir itself may be a link: where the user put it
+            if _differs(root, parts, behavior.payload):  # missing, changed, or a link: (re)written, whole
+                _write_copy(root, parts, behavior.payload)
+        except nofollow.LinkFound as e:
+            raise RolloutServerError(
+                f"cannot keep a copy of the weights v{behavior.version} under the rollout environment's adapter_dir "
+                f"{root}: {e}; links below adapter_dir are never followed: remove it"
+            ) from None
+        except OSError as e:
+            raise RolloutServerError(
+                f"cannot keep a copy of the weights v{behavior.version} under the rollout environment's adapter_dir {root}: {describe(e)}"
+            ) from None
+        problem = _differs(root, parts, behavior.payload)
+        if problem:
+            raise RolloutServerError(f"cannot keep a copy of the weights v{behavior.version} under adapter_dir {root}: {problem}")
+        return str(Path(root, *parts))
+
+
+ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER)
+
+
+def _differs(root: str, parts: list[str], payload: Checkpoint) -> str:
+    """What keeps the folder root/parts from holding the adapter files of `payload` ('' when it
+    holds them), read without following a link below `root`."""
+    for name in ADAPTER_FILES:
+        try:
+            data = nofollow.read(root, [*parts, name])
+        except nofollow.LinkFound as e:
+            return f"{e}; links are never followed"
+        except OSError as e:
+            return f"{name}: {describe(e)}"
+        if data != payload[name]:
+            return f"its {name} holds other bytes"
+    return ""
+
+
+def _write_copy(root: str, parts: list[str], payload: Checkpoint) -> None:
+    """root/parts written with the adapter files, whole: in a new folder beside it, renamed into place;
+    whatever was there (another copy, a link) is first renamed aside (`<name>.replaced-<id>`)."""
+    *above, name = parts
+    with nofollow.folder(root, above, create=True) as fd:
+        tmp = f"{name}.tmp-{uuid.uuid4().hex}"
+        os.mkdir(tmp, 0o755, dir_fd=fd)
+        with nofollow.folder(root, [*above, tmp]) as tmp_fd:
+            for f in ADAPTER_FILES:
+                nofollow.write_new(tmp_fd, f, payload[f], str(Path(root, *above, tmp, f)), len(parts))
+        try:
+            os.rename(name, f"{name}.replaced-{uuid.uuid4().hex}", src_dir_fd=fd, dst_dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        try:
+            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except OSError:  # another writer put its copy there first: the caller checks what is there
+            shutil.rmtree(Path(root, *above, tmp), ignore_errors=True)
