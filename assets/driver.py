@@ -282,7 +282,7 @@ def _drive(
     progress = Progress()
     backends = Backends(rollout.backend_for(exp), judge.backend_for(exp), trainer.backend_for(exp, context), progress)
     began = time.monotonic()
-    with reporting(progress, lambda line: context.log.info(line, extra=CONSOLE), PROGRESS_EVERY_S):
+    with reporting(progress, lambda line: context.log.info(line, extra=CONSOLE), PROGRESS_EVERY_S), closed_at_end(backends, context.log.warning):
         for result in loop.iter_steps(exp, steps, start, store, backends, context.log.warning):
             if isinstance(result, StepAsset):
                 if AssetKey([exp.name, result.asset]) in context.selected_asset_keys:
@@ -362,6 +362,21 @@ def reporting(progress: Progress, log: Callable[[str], None], every_s: float) ->
     finally:
         stop.set()
         thread.join()
+
+
+@contextmanager
+def closed_at_end(backends: Backends, warn: Callable[[str], None]) -> Iterator[None]:
+    """The range's backends, closed when it ends, however it ends (a trainer session's workers stop).
+    A failure to close is reported, never raised over the error that ended the range."""
+    try:
+        yield
+    except BaseException:
+        try:
+            backends.close()
+        except Exception as e:  # noqa: BLE001 - the error that ended the range is the one to report
+            warn(f"closing the backends after a failed range: {e!r}")
+        raise
+    backends.close()
 
 
 def _ensure_warmup(context: AssetExecutionContext, exp: Experiment, store):
