@@ -2,6 +2,7 @@
 for one step (`run`) or for a range of steps (`start`: a trainer session's workers)."""
 
 import os
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -61,7 +62,12 @@ class ReportedMessages:
     def __init__(self, context, session):
         self.context, self.session, self.logged = context, session, 0
 
-    def log_new(self) -> None:
+    def log_new(self, at_least: int = 0, wait_s: float = 0.0) -> None:
+        """Log what arrived; wait up to `wait_s` until `at_least` messages did (rank 0 reports a
+        step before it answers, and the reader polls its file every 10 ms)."""
+        deadline = time.monotonic() + wait_s
+        while len(self.session.get_custom_messages()) < at_least and time.monotonic() < deadline:
+            time.sleep(0.005)
         messages = self.session.get_custom_messages()
         for message in messages[self.logged :]:
             self.context.log.info(f"trainer rank 0 reported: {message}")
@@ -74,13 +80,15 @@ class PipesWorkers:
     def __init__(self, context, session, stack: ExitStack, workers: ProcessWorkers):
         self.context, self.stack, self.workers = context, stack, workers
         self.messages = ReportedMessages(context, session)
+        self.steps = 0
 
     def check(self) -> None:
         self.messages.log_new()
         self.workers.check()
 
     def stepped(self) -> None:
-        self.messages.log_new()
+        self.steps += 1
+        self.messages.log_new(at_least=self.steps, wait_s=1.0)  # the step's report, in the log before the step's end
 
     def close(self, grace_s: float) -> None:
         try:

@@ -283,7 +283,7 @@ class LMTrainer:
                 # next attempt starts new ones, which load the last stored weights
                 self.sessions.close(grace_s=0)
                 raise
-            return files, answer.metrics, {**answer.timings, "from_memory": float(answer.from_memory)}
+            return files, answer.metrics, answer.timings
         raise AssertionError("unreachable")
 
     def _step_timeout(self, exp: LMExperiment) -> float:

@@ -13,7 +13,8 @@ read at the same path (on Kubernetes the shared volume of the job folders):
                           and its output (the checkpoint and metrics, as a per-step launch writes)
     references/<hash>/    the KL term's reference adapter, written once
     stop                  the driver's word to stop (the end of the range)
-    ended                 why the workers stopped (rank 0, last)
+    ended                 why the workers stopped (rank 0, last): stopped, idle, owner gone, folder
+                          gone, or `failed at step job <seq>: <error>` (the job stays unanswered)
 
 A job names its input checkpoint and that checkpoint's hash: workers that hold that checkpoint
 train from memory, others (a restarted set, a resumed range, another run's weights) load it first.
@@ -45,13 +46,13 @@ class SessionSpec(Strict):
 
 
 class Answer(Strict):
-    """Rank 0's answer to a job: its metrics and the hash of the checkpoint it wrote, or its error."""
+    """Rank 0's answer to a job, once the step's outputs are written: its metrics and the hash of
+    the checkpoint it wrote. (A step that failed has no answer: see `ended`.)"""
 
     seq: int
     step: int | None = None
-    error: str | None = None
-    metrics: TrainMetrics | None = None
-    checkpoint_hash: str | None = None
+    metrics: TrainMetrics
+    checkpoint_hash: str
     from_memory: bool = False  # the workers held the input checkpoint: nothing was loaded
     timings: dict[str, float] = {}
 
@@ -90,7 +91,7 @@ class SessionEnded(WorkersGone):
 
 
 class StepFailed(RuntimeError):
-    """The workers answered a job with an error (and exited)."""
+    """A step's answer does not match what the workers wrote."""
 
 
 @dataclass
@@ -131,8 +132,6 @@ class TrainerSession:
         return the checkpoint the step wrote and the answer."""
         write_whole(self.folder / JOBS / seq_name(seq), job_json)
         answer = self._wait(seq, timeout_s)
-        if answer.error is not None:
-            raise StepFailed(f"the trainer session's step failed: {answer.error}")
         files = load_checkpoint(output)
         if checkpoint_hash(files) != answer.checkpoint_hash:
             raise StepFailed(f"the checkpoint in {output} is not the one rank 0 wrote (hash {answer.checkpoint_hash}); the shared folder lost a write")
@@ -152,18 +151,23 @@ class TrainerSession:
             try:
                 self.workers.check()
             except WorkersGone as e:
-                if path.exists():  # answered, then exited (an error answer, or a stop right after)
+                if path.exists():  # answered, then stopped
                     return Answer.model_validate_json(path.read_text())
-                raise self._gone(e) from None
+                ended = self.ended()
+                if ended in ("idle", "stopped"):
+                    raise SessionEnded(f"the trainer session's workers stopped ({ended}) before they took the step") from None
+                raise self._said(e)
+            except Exception as e:  # the launcher's own (a terminated run, restarts used up)
+                raise self._said(e)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the trainer session gave no answer to step job {seq} within {timeout_s:g} s; its workers are stopped")
             time.sleep(self.poll_s)
 
-    def _gone(self, error: WorkersGone) -> WorkersGone:
-        """SessionEnded when the workers stopped on their own (idle, told to), else the error as it is."""
+    def _said(self, error: Exception) -> Exception:
+        """The error, with what the workers wrote in `ended` when they failed (rank 0's exception)."""
         ended = self.ended()
-        if ended in ("idle", "stopped"):
-            return SessionEnded(f"the trainer session's workers stopped ({ended}) before they took the step")
+        if ended and ended.startswith("failed"):
+            error.add_note(f"the trainer workers {ended}")
         return error
 
     def ended(self) -> str | None:

@@ -14,7 +14,8 @@ reference and the optimizer state (`Held`) and trains from memory when the job's
 is the one it holds, else loads it: the same bytes either way. Rank 0 writes each step's outputs as
 above, reports them through one Pipes session open for the whole range (a message per step, naming
 the step), then its answer. A stop file, an idle timeout or the driver's death (when it runs on
-this machine) ends the workers; a failed step ends them too, after rank 0 answered with the error.
+this machine) ends the workers; a failed step ends them too, unanswered (the job stays pending:
+restarted workers take it up again), with the error in the folder's `ended`.
 
 Device: the job's `device` (the experiment's `policy.device`); under torchrun on CUDA rank r of a
 node uses GPU LOCAL_RANK. Process group: nccl when the ranks train on CUDA, gloo on the CPU.
@@ -300,7 +301,7 @@ def serve(folder: Path, report=None) -> int:
                 metrics, grads = train_held(job, held, rank, world)
                 t2 = time.perf_counter()
                 if rank == 0:
-                    timings = {"load_s": t1 - t0, "update_s": t2 - t1}
+                    timings = {"load_s": t1 - t0, "update_s": t2 - t1, "from_memory": float(command["from_memory"])}
                     digest = write_outputs(job, held, metrics, grads, timings)
                     timings["save_s"] = time.perf_counter() - t2
                     if report is not None:
@@ -308,9 +309,9 @@ def serve(folder: Path, report=None) -> int:
                     answer = Answer(seq=command["seq"], step=job.step, metrics=metrics, checkpoint_hash=digest, from_memory=command["from_memory"], timings=timings)
                     write_whole(folder / RESULTS / seq_name(command["seq"]), answer.model_dump_json())
             except Exception as e:
-                if rank == 0:
-                    answer = Answer(seq=command["seq"], step=job.step, error=f"{type(e).__name__}: {e}")
-                    write_whole(folder / RESULTS / seq_name(command["seq"]), answer.model_dump_json())
+                # no answer: the job stays pending, for restarted workers (a lost peer is no fault of
+                # the step) or the driver's next attempt; `ended` says what happened
+                why = f"failed at step job {command['seq']}: {type(e).__name__}: {e}"
                 raise
             trained += 1
     finally:
@@ -330,6 +331,7 @@ class _Inbox:
         self.folder, self.spec = folder, spec
         pending = pending_jobs(folder)  # restarted workers take up the job their predecessors left
         self.seq = pending[0] if pending else last_answered(folder) + 1
+        (folder / ENDED).unlink(missing_ok=True)  # what ended their predecessors
         self.last_job = self.last_broadcast = self.last_owner_check = time.monotonic()
 
     def next(self, held: Held | None) -> dict:
@@ -344,10 +346,12 @@ class _Inbox:
                 return command
             if (self.folder / STOP).exists():
                 return {"kind": "stop", "why": "stopped"}
-            if self.spec.owner and now - self.last_owner_check > 0.5:
+            if now - self.last_owner_check > 0.5:
                 self.last_owner_check = now
-                if not alive(self.spec.owner):
+                if self.spec.owner and not alive(self.spec.owner):
                     return {"kind": "stop", "why": "owner gone"}
+                if not (self.folder / SPEC).exists():
+                    return {"kind": "stop", "why": "folder gone"}
             if now - self.last_job > self.spec.idle_timeout_s:
                 return {"kind": "stop", "why": "idle"}
             if now - self.last_broadcast > self.spec.keepalive_s:
