@@ -287,11 +287,11 @@ def serve(folder: Path, report=None) -> int:
                 box = [command]
                 dist.broadcast_object_list(box, src=0, device=device if device.type == "cuda" else None)
                 command = box[0]
-            kind = command["kind"]
-            if kind == "stop":
+            what = command["what"]
+            if what == "stop":
                 why = command["why"]
                 return trained
-            if kind == "idle":
+            if what == "idle":
                 continue
             job = TrainJob.model_validate(command["job"])
             try:
@@ -340,23 +340,23 @@ class _Inbox:
             path = self.folder / JOBS / seq_name(self.seq)
             if path.exists():
                 job = TrainJob.model_validate_json(path.read_text())
-                command = {"kind": "job", "seq": self.seq, "job": job.model_dump(mode="json"), "from_memory": holds(held, job)}
+                command = {"what": "job", "seq": self.seq, "job": job.model_dump(mode="json"), "from_memory": holds(held, job)}
                 self.seq += 1
                 self.last_job = self.last_broadcast = now
                 return command
             if (self.folder / STOP).exists():
-                return {"kind": "stop", "why": "stopped"}
+                return {"what": "stop", "why": "stopped"}
             if now - self.last_owner_check > 0.5:
                 self.last_owner_check = now
                 if self.spec.owner and not alive(self.spec.owner):
-                    return {"kind": "stop", "why": "owner gone"}
+                    return {"what": "stop", "why": "owner gone"}
                 if not (self.folder / SPEC).exists():
-                    return {"kind": "stop", "why": "folder gone"}
+                    return {"what": "stop", "why": "folder gone"}
             if now - self.last_job > self.spec.idle_timeout_s:
-                return {"kind": "stop", "why": "idle"}
+                return {"what": "stop", "why": "idle"}
             if now - self.last_broadcast > self.spec.keepalive_s:
                 self.last_broadcast = now
-                return {"kind": "idle"}
+                return {"what": "idle"}
             time.sleep(self.spec.poll_s)
 
 
