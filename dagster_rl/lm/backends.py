@@ -255,36 +255,36 @@ class LMTrainer:
 
     # ---- a session for the range ----------------------------------------------------------------
     def _in_session(self, exp, step, previous, rollouts, rewards, reference) -> tuple[dict[str, bytes], TrainMetrics, dict[str, float]]:
-        for replaced in (False, True):
+        try:
+            return self._hand_over(exp, step, previous, rollouts, rewards, reference)
+        except SessionEnded:  # its workers stopped, idle, just before this step came: new ones take it
+            return self._hand_over(exp, step, previous, rollouts, rewards, reference)
+
+    def _hand_over(self, exp, step, previous, rollouts, rewards, reference) -> tuple[dict[str, bytes], TrainMetrics, dict[str, float]]:
+        """The step, through the range's session (opened now when there is none)."""
+        try:
             session = self.sessions.get(lambda n: self._open(exp, step, n))
-            try:
-                seq, directory = session.new_step()
-                (directory / "batch.json").write_text(TrainBatch(rollouts=rollouts, rewards=rewards).model_dump_json())
-                input_dir, input_hash = session.input_for(previous, directory)
-                ref_dir, ref_hash = session.reference_for(reference) if reference is not None else (None, None)
-                job = self._job(
-                    exp,
-                    step,
-                    directory / "batch.json",
-                    directory / "output",
-                    input_checkpoint=str(input_dir),
-                    input_hash=input_hash,
-                    reference_checkpoint=str(ref_dir) if ref_dir is not None else None,
-                    reference_hash=ref_hash,
-                )
-                files, answer = session.run(seq, job.model_dump_json(), directory / "output" / CHECKPOINT_DIR, self._step_timeout(exp))
-            except SessionEnded:
-                self.sessions.close(grace_s=0)
-                if replaced:
-                    raise
-                continue  # its workers stopped (idle) just before this step came: start new ones
-            except BaseException:
-                # a failed step, a dead session, a deadline, an interrupt: its workers are ended; the
-                # next attempt starts new ones, which load the last stored weights
-                self.sessions.close(grace_s=0)
-                raise
-            return files, answer.metrics, answer.timings
-        raise AssertionError("unreachable")
+            seq, directory = session.new_step()
+            (directory / "batch.json").write_text(TrainBatch(rollouts=rollouts, rewards=rewards).model_dump_json())
+            input_dir, input_hash = session.input_for(previous, directory)
+            ref_dir, ref_hash = session.reference_for(reference) if reference is not None else (None, None)
+            job = self._job(
+                exp,
+                step,
+                directory / "batch.json",
+                directory / "output",
+                input_checkpoint=str(input_dir),
+                input_hash=input_hash,
+                reference_checkpoint=str(ref_dir) if ref_dir is not None else None,
+                reference_hash=ref_hash,
+            )
+            files, answer = session.run(seq, job.model_dump_json(), directory / "output" / CHECKPOINT_DIR, self._step_timeout(exp))
+        except BaseException:
+            # a failed step, a dead session, a deadline, an interrupt, workers that stopped idle: the
+            # session is ended; the next attempt starts new workers, which load the last stored weights
+            self.sessions.close(grace_s=0)
+            raise
+        return files, answer.metrics, answer.timings
 
     def _step_timeout(self, exp: LMExperiment) -> float:
         """How long the driver waits for a step's answer: the environment's time limit, and on
