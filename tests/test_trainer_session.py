@@ -24,7 +24,8 @@ from dagster_rl.experiment_files import parse_experiment
 from dagster_rl.lm.backends import LMTrainer, subprocess_launch
 from dagster_rl.lm.policy import checkpoint_bytes, load_policy
 from dagster_rl.lm.worker import serve
-from dagster_rl.workers import ProcessWorkers
+from dagster_rl.retries import AttemptsExhausted, Limits
+from dagster_rl.workers import ProcessWorkers, WorkersGone
 from resources import PipesTorchrunLauncher, TrainerEnvironment
 from resources.run_launcher import process_alive, step_worker_pids
 from tests.conftest import REPO, SESSION_STEPS, session_settings
@@ -56,6 +57,14 @@ def test_one_session_trains_the_range_from_memory(session_run):
     assert [m["metrics"]["version"] for m in said] == [1, 2, 3] and all(m["metrics"]["world_size"] == 2 for m in said)
     for m, step in zip(said, SESSION_STEPS):
         assert m["metrics"]["loss"] == pytest.approx(session_run.latest("tiny_grpo", "weights", step)["loss"], abs=1e-12)
+
+
+def test_cached_steps_never_start_a_session(session_run):
+    before = counters.snapshot()
+    again = session_run.run("tiny_grpo", SESSION_STEPS[0], SESSION_STEPS[-1])
+    assert again.success and [session_run.latest("tiny_grpo", "weights", s)["cache"] for s in SESSION_STEPS] == ["hit"] * 3
+    assert counters.read("trainer_sessions") == before.get("trainer_sessions", 0) and counters.read("train_calls") == before.get("train_calls", 0)
+    assert reports(session_run, again.run_id) == [] and worker_processes(os.getpid()) == {}
 
 
 @pytest.mark.parametrize("lag", [0, 1])
@@ -133,12 +142,12 @@ def test_a_worker_killed_mid_range_costs_a_restart_and_the_run_ends_byte_identic
     assert worker_processes(os.getpid()) == {}  # the range's end stopped the second session
 
 
-def test_a_killed_driver_leaves_no_worker_and_the_next_run_finishes_the_range(tmp_path):
+def test_a_killed_driver_leaves_no_worker_and_the_next_run_resumes(tmp_path):
     """`dagster asset materialize` of tiny_grpo with a torchrun session, killed two ways while the
     session runs: (1) the run worker (the materialize process): its step process, the driver, dies
     with it (lifetime.die_with_parent) and takes torchrun and the workers along; (2) the driver
-    itself: the workers see their owner gone and stop, torchrun with them. Then a third run finishes
-    the range from the last stored step."""
+    itself: the workers see their owner gone and stop, torchrun with them. Then a third run trains
+    the step after the last one materialized."""
     settings = session_settings(name="sessions", n_steps=12)
     home, env = home_with(tmp_path, settings)
 
@@ -182,10 +191,10 @@ def test_a_killed_driver_leaves_no_worker_and_the_next_run_finishes_the_range(tm
 
     done = [p for p, _ in weights_steps(home, "sessions")]
     last = max(done)
-    third = materialize(env, "sessions", f"{int(last) + 1:04d}", f"{int(last) + 2:04d}")
+    third = materialize(env, "sessions", f"{int(last) + 1:04d}", f"{int(last) + 1:04d}")
     out, _ = third.communicate(timeout=600)
     assert third.returncode == 0, out
-    assert sorted({p for p, _ in weights_steps(home, "sessions")}) == [f"{i:04d}" for i in range(int(last) + 3)]
+    assert sorted({p for p, _ in weights_steps(home, "sessions")}) == [f"{i:04d}" for i in range(int(last) + 2)]
 
 
 # ---- the workers' side, one process (no torchrun) ------------------------------------------------
@@ -220,6 +229,34 @@ def test_workers_stop_when_told_when_idle_and_when_their_driver_is_gone(tmp_path
             owner.kill()
 
 
+def alone(command: list[str]) -> list[str]:
+    """The worker of a torchrun command without torchrun: one process, no process group."""
+    return [sys.executable, "-m", "dagster_rl.lm.worker", command[-1]]
+
+
+def start_alone(command: list[str], env: dict[str, str]) -> ProcessWorkers:
+    return ProcessWorkers(alone(command), {**os.environ, **env}, cwd=REPO)
+
+
+def test_a_step_that_fails_in_the_session_says_why_and_leaves_nothing(tmp_path):
+    """A batch the update cannot use (no rollout has a reward): rank 0 raises, leaves the job
+    unanswered and says why in the folder; the step fails with that reason, on every attempt (a new
+    session each), and neither a worker nor a folder is left."""
+    exp = parse_experiment(session_settings(trainer={"nproc_per_node": 1}))
+    policy = load_policy(exp.policy)
+    rollouts, _ = step_batch(policy, step=0, prompts=2, samples=2)
+    trainer = LMTrainer(limits=Limits(max_retries=1, timeout_s=600, max_concurrency=1), start=start_alone, workdir=tmp_path)
+    before = counters.read("trainer_sessions")
+    with pytest.raises(AttemptsExhausted) as failed:
+        trainer.train(exp, checkpoint_bytes(policy, None), rollouts, [])
+    trainer.close()
+    assert counters.read("trainer_sessions") - before == 2 and len(failed.value.errors) == 2
+    for error in failed.value.errors:
+        assert isinstance(error, WorkersGone) and "exited with code 1" in str(error)
+        assert any("failed at step job 1: DagsterRLError: no rollout has a reward" in note for note in error.__notes__)
+    assert list(tmp_path.iterdir()) == [] and worker_processes(os.getpid()) == {}
+
+
 def test_a_session_that_stopped_idle_is_replaced_and_the_step_trains_as_a_launch_would(tmp_path):
     """Workers idle longer than `session_idle_timeout_s` stop; the next step starts new ones, which
     load its input checkpoint. The updates equal those of a launch per step (the worker alone, one
@@ -229,10 +266,7 @@ def test_a_session_that_stopped_idle_is_replaced_and_the_step_trains_as_a_launch
     rollouts, rewards = step_batch(policy, step=0, prompts=4, samples=4)
     initial = checkpoint_bytes(policy, None)
 
-    def alone(command: list[str]) -> list[str]:  # the worker without torchrun: one process, no process group
-        return [sys.executable, "-m", "dagster_rl.lm.worker", command[-1]]
-
-    session = LMTrainer(start=lambda command, env: ProcessWorkers(alone(command), {**os.environ, **env}, cwd=REPO), workdir=tmp_path / "s")
+    session = LMTrainer(start=start_alone, workdir=tmp_path / "s")
     before = counters.read("trainer_sessions")
     first, _ = session.train(exp, initial, rollouts, rewards)
     time.sleep(2.5)  # the workers stop, idle
