@@ -297,31 +297,32 @@ def _drive(
         with progress.doing(f"{exp.name}: loading the weights step {step_key(steps[0])} starts from"):
             start = starting_weights(context.instance, exp, steps[0], store, loop)
         backends = Backends(rollout.backend_for(exp), judge.backend_for(exp), trainer.backend_for(exp, context), progress)
-        for result, seconds in _timed(loop.iter_steps(exp, steps, start, store, backends, context.log.warning)):
-            if isinstance(result, StepAsset):
-                if AssetKey([exp.name, result.asset]) in context.selected_asset_keys:
-                    context.log.info(
-                        f"step {step_key(result.step)}  {result.asset}  cache {result.cache}  {numbers_line(result.metadata)}", extra=CONSOLE
+        with closed_at_end(backends, context.log.warning):
+            for result, seconds in _timed(loop.iter_steps(exp, steps, start, store, backends, context.log.warning)):
+                if isinstance(result, StepAsset):
+                    if AssetKey([exp.name, result.asset]) in context.selected_asset_keys:
+                        context.log.info(
+                            f"step {step_key(result.step)}  {result.asset}  cache {result.cache}  {numbers_line(result.metadata)}", extra=CONSOLE
+                        )
+                        yield _step_asset_materialization(exp, result, info)
+                    continue
+                step = result.step
+                context.log.info(progress_line(result, seconds), extra=CONSOLE)
+                for asset in CHAIN:
+                    if AssetKey([exp.name, asset]) in context.selected_asset_keys:
+                        yield AssetMaterialization(
+                            asset_key=AssetKey([exp.name, asset]),
+                            partition=step_key(step),
+                            metadata={**step_metadata(exp, result, info, asset), **superseded(context, exp, result, asset)},
+                        )
+                failed = _report_checks(context, exp, result)
+                if failed:
+                    raise CheckFailedError(
+                        f"step {step_key(step)} of {exp.name}: blocking check(s) failed, the range stops here: "
+                        + "; ".join(f"{c.name}: {c.message}" for c in failed)
                     )
-                    yield _step_asset_materialization(exp, result, info)
-                continue
-            step = result.step
-            context.log.info(progress_line(result, seconds), extra=CONSOLE)
-            for asset in CHAIN:
-                if AssetKey([exp.name, asset]) in context.selected_asset_keys:
-                    yield AssetMaterialization(
-                        asset_key=AssetKey([exp.name, asset]),
-                        partition=step_key(step),
-                        metadata={**step_metadata(exp, result, info, asset), **superseded(context, exp, result, asset)},
-                    )
-            failed = _report_checks(context, exp, result)
-            if failed:
-                raise CheckFailedError(
-                    f"step {step_key(step)} of {exp.name}: blocking check(s) failed, the range stops here: "
-                    + "; ".join(f"{c.name}: {c.message}" for c in failed)
-                )
-            if step == exp.faults.crash_driver_at_step and result.cache["weights"] == "miss" and info["attempt"] == 0:
-                raise SimulatedCrash(f"driver crash after step {step_key(step)} on attempt 0 (faults.crash_driver_at_step)")
+                if step == exp.faults.crash_driver_at_step and result.cache["weights"] == "miss" and info["attempt"] == 0:
+                    raise SimulatedCrash(f"driver crash after step {step_key(step)} on attempt 0 (faults.crash_driver_at_step)")
 
 
 def _timed(items: Iterator, clock: Callable[[], float] = time.monotonic) -> Iterator[tuple]:
@@ -394,6 +395,21 @@ def reporting(progress: Progress, log: Callable[[str], None], every_s: float, id
     finally:
         stop.set()
         thread.join()
+
+
+@contextmanager
+def closed_at_end(backends: Backends, warn: Callable[[str], None]) -> Iterator[None]:
+    """The range's backends, closed when it ends, however it ends (a trainer session's workers stop).
+    A failure to close is reported, never raised over the error that ended the range."""
+    try:
+        yield
+    except BaseException:
+        try:
+            backends.close()
+        except Exception as e:  # noqa: BLE001 - the error that ended the range is the one to report
+            warn(f"closing the backends after a failed range: {e!r}")
+        raise
+    backends.close()
 
 
 def _ensure_warmup(context: AssetExecutionContext, exp: Experiment, store, progress: Progress):

@@ -7,6 +7,11 @@ walking its range of steps and writing into a run nobody watches. `die_with_pare
 parent from a thread, through the pipe `multiprocessing` keeps open between them (it reads as
 closed the moment the parent dies, whatever killed it), and then kills the process's own children
 (a trainer's `torchrun` and its workers) and the process itself, at once.
+
+A trainer session's workers outlive a step, not the driver: they are not always its descendants
+when it dies (a SIGKILL of the driver itself reparents them), so they watch it by its identity
+(`identity()`: pid and start time, never a later process that reuses the pid) and stop once it is
+gone (`alive()`).
 """
 
 import multiprocessing
@@ -61,3 +66,28 @@ def kill_tree(pid: int) -> None:
         except OSError:
             pass
     os.kill(pid, signal.SIGKILL)
+
+
+def identity(pid: int | None = None) -> str:
+    """`<pid>:<start time in clock ticks since boot>` of a process (this one by default), Linux /proc."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}:{_started(pid)}"
+
+
+def alive(ident: str) -> bool:
+    """Whether the process `identity()` named is still running (the same process, not a zombie)."""
+    pid, _, started = ident.partition(":")
+    if not pid.isdigit():
+        raise ValueError(f"{ident!r} is not a process identity (<pid>:<start time>)")
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z" and _started(int(pid)) == started
+
+
+def _started(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""

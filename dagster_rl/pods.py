@@ -15,6 +15,7 @@ from pydantic import Field, field_validator
 
 from dagster_rl.bounds import MAX_DEADLINE_S, MAX_NODES, MAX_RESTARTS, NODE_GPUS
 from dagster_rl.strict import Strict
+from dagster_rl.workers import Workers
 
 # A Kubernetes quantity: 4, 500m, 0.5, 24Gi, 8G ...
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
@@ -91,9 +92,12 @@ class PodJob(Strict):
 
 
 class PodLauncher(Protocol):
-    """Places a `PodJob` on a cluster and waits for it; `workdir` is a folder on storage that this
+    """Places a `PodJob` on a cluster: `run` waits for it to end; `start` returns once its pods run
+    and leaves them running (a session's workers). `workdir` is a folder on storage that this
     process and the pods read and write at the same path (where a backend puts the pods' inputs)."""
 
     workdir: Path
 
     def run(self, job: PodJob) -> None: ...
+
+    def start(self, job: PodJob) -> Workers: ...

@@ -62,6 +62,7 @@ from dagster_rl.pods import PodLauncher
 from dagster_rl.progress import Progress
 from dagster_rl.retries import Limits
 from dagster_rl.store import ArtifactRef, ArtifactStore
+from dagster_rl.workers import Start
 
 E = TypeVar("E", bound=Experiment)
 P = TypeVar("P")  # what a task's weights hold in memory (a tabular prior, checkpoint files, ...)
@@ -145,7 +146,9 @@ class JudgeBackend(Protocol):
 
 
 class Backend(Protocol):
-    """A rollout or trainer backend: its methods are the task's own; its limits are the environment's."""
+    """A rollout or trainer backend: its methods are the task's own; its limits are the environment's.
+    A backend that holds something for a range of steps (a trainer session's workers) has a
+    `close()`, which the driver calls when the range ends, however it ends."""
 
     limits: Limits
 
@@ -159,6 +162,19 @@ class Backends:
     judge: JudgeBackend
     trainer: Any
     progress: Progress = field(default_factory=Progress)
+
+    def close(self) -> None:
+        """Close every backend that holds something for the range (each one, whatever the others raise)."""
+        errors = []
+        for backend in (self.rollout, self.judge, self.trainer):
+            close = getattr(backend, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception as e:  # noqa: BLE001 - the others are closed all the same
+                    errors.append(e)
+        if errors:
+            raise errors[0]
 
 
 Launch = Callable[[list[str], dict[str, str]], None]  # run a command (the trainer's torchrun) with extra env
@@ -194,11 +210,13 @@ class RolloutEnv:
 @dataclass(frozen=True)
 class TrainerEnv:
     """What the trainer environment gives a backend: its limits, how to launch a command on this
-    machine, and how to launch a set of pods on a cluster (`dagster_rl.pods`)."""
+    machine (to its end, or started to live beside the driver: `dagster_rl.workers`), and how to
+    launch a set of pods on a cluster (`dagster_rl.pods`)."""
 
     limits: Limits
     launch: Launch | None = None
     pods: PodLauncher | None = None
+    start: Start | None = None
 
 
 class LLMGrading(Protocol):

@@ -22,6 +22,7 @@ from dagster_rl.rubric_judge import RubricJudge
 from dagster_rl.server_process import ADAPTER_ROOTS_ENV, ManagedServer
 from dagster_rl.task import Backend, Endpoint, JudgeBackend, RolloutEnv, TrainerEnv, task_of
 from dagster_rl.vllm_client import VLLMClient
+from dagster_rl.workers import Workers
 from resources.artifact_store import ArtifactStoreResource
 from resources.k8s_launcher import PipesK8sJobLauncher
 from resources.trainer_launcher import PipesTorchrunLauncher
@@ -159,7 +160,9 @@ class TrainerEnvironment(_Environment):
     """Runs the policy update with the trainer backend the experiment names: in this process
     (`in_process`), or (language models) `torchrun` on this machine (`torchrun`), started by its
     `launcher` (Dagster Pipes from the driver's step), or an Indexed Job of GPU pods on Kubernetes
-    (`k8s`), placed by its `k8s` launcher.
+    (`k8s`), placed by its `k8s` launcher. With the experiment's `trainer.session: range` the
+    workers or pods live for the run's range of steps: the driver closes them when its range ends,
+    and this resource's teardown closes any it left.
 
     Examples:
         .. code-block:: python
@@ -185,11 +188,21 @@ class TrainerEnvironment(_Environment):
     max_retries: int = Field(0, ge=0, le=bounds.MAX_RETRIES)
     timeout_s: float = Field(3600.0, gt=0, le=bounds.MAX_DEADLINE_S)
     max_concurrency: int = Field(1, ge=1, le=bounds.MAX_CONCURRENCY)
+    _built: list = PrivateAttr(default_factory=list)
 
     def backend_for(self, exp: Experiment, context: AssetExecutionContext | Any) -> Backend:
         pods = _BoundPods(self.k8s, context) if self.k8s is not None else None
-        env = TrainerEnv(self.limits(), launch=partial(self.launcher.run, context), pods=pods)
-        return task_of(exp.kind).backend("trainer", exp, env)
+        env = TrainerEnv(self.limits(), launch=partial(self.launcher.run, context), pods=pods, start=partial(self.launcher.start, context))
+        backend = task_of(exp.kind).backend("trainer", exp, env)
+        self._built.append(backend)
+        return backend
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        """The backstop of the driver's own close at the end of its range: no session outlives the run's step."""
+        while self._built:
+            close = getattr(self._built.pop(), "close", None)
+            if callable(close):
+                close()
 
 
 @dataclass(frozen=True)
@@ -205,3 +218,6 @@ class _BoundPods:
 
     def run(self, job: PodJob) -> None:
         self.launcher.run(self.context, job)
+
+    def start(self, job: PodJob) -> Workers:
+        return self.launcher.start(self.context, job)

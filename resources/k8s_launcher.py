@@ -18,6 +18,7 @@ and decides.
 
 import threading
 import time
+from contextlib import ExitStack
 from typing import Any
 
 import kubernetes
@@ -41,7 +42,8 @@ from pydantic import Field
 from dagster_rl.errors import DagsterRLError
 from dagster_rl.k8s_manifests import INDEX_LABEL, JOB_LABEL, ClusterSettings, headless_service, indexed_job, job_name, owned_by
 from dagster_rl.pods import PodJob
-from resources.trainer_launcher import _lift_typed_output_requirement
+from dagster_rl.workers import WorkersGone
+from resources.trainer_launcher import ReportedMessages, _lift_typed_output_requirement
 
 
 class PodJobFailed(DagsterRLError):
@@ -152,6 +154,11 @@ class PipesK8sJobLauncher(ConfigurableResource):
             + "\n".join(e[-3000:] for e in errors)
         )
 
+    def start(self, context: AssetExecutionContext | Any, job: PodJob) -> "K8sWorkers":
+        """Create the set of pods and return once pod 0 runs, leaving them running: a trainer
+        session's workers for a range of steps (`K8sWorkers`)."""
+        return K8sWorkers(self, context, job)
+
     def _attempt(self, context, pipes: PipesK8sClient, client: DagsterKubernetesClient, cluster: ClusterSettings, job: PodJob, name: str):
         ns = cluster.namespace
         with open_pipes_session(context=context, extras=None, context_injector=pipes.context_injector, message_reader=pipes.message_reader) as session:
@@ -229,6 +236,120 @@ class PipesK8sJobLauncher(ConfigurableResource):
                     context.log.warning(f"could not delete trainer {what} {ns}/{name}: {e}; it expires by its TTL / owner")
             except Exception as e:  # noqa: BLE001 - cleanup is best effort
                 context.log.warning(f"could not delete trainer {what} {ns}/{name}: {e!r}")
+
+
+class K8sWorkers:
+    """A session's pods (`dagster_rl.workers.Workers`): one Indexed Job and its Service that live
+    for the range, inside one Pipes session (pod 0's logs carry rank 0's message per step, read
+    beside the driver as in `run`). `check`, at most every `poll_interval_s`: the run left STARTED
+    deletes everything (`PodJobTerminated`); a failed pod fails the Job, which is deleted and
+    created again as a whole set (the new pods take up the step the session folder holds pending),
+    up to `max_restarts` times per step; pods that all exited (the workers stopped: idle, told to)
+    end the session. `close` gives them time to exit, then deletes the Job and the Service."""
+
+    def __init__(self, launcher: PipesK8sJobLauncher, context, job: PodJob):
+        self.launcher, self.context, self.job = launcher, context, job
+        self.pipes = launcher.pipes_client()
+        self.client = launcher.kubernetes_client(self.pipes)
+        self.cluster = launcher.cluster()
+        self.ns = self.cluster.namespace
+        self.stack = ExitStack()
+        self.session = self.stack.enter_context(
+            open_pipes_session(context=context, extras=None, context_injector=self.pipes.context_injector, message_reader=self.pipes.message_reader)
+        )
+        _lift_typed_output_requirement(context)  # the driver yields its own materializations while the session is open
+        self.messages = ReportedMessages(context, self.session)
+        self.attempt, self.restarts_left, self.errors = 0, job.max_restarts, []
+        self.name: str | None = None
+        self.logs: PodLogs | None = None
+        self.checked = 0.0
+        try:
+            self._launch()
+        except BaseException:
+            self.close(0)
+            raise
+
+    def _launch(self) -> None:
+        """Create this attempt's Job and Service and wait for its pod 0; a failure there is a failed attempt."""
+        while True:
+            self.name = job_name(self.job.name, self.context.run_id, self.attempt)
+            body = indexed_job(self.job, self.cluster, self.name, extra_env=self.session.get_bootstrap_env_vars())
+            self.context.log.info(f"creating trainer session Job {self.ns}/{self.name}: {self.job.nodes} pod(s), pod 0 at {self.name}-0.{self.name}")
+            try:
+                self.launcher._create(self.client, self.ns, self.name, body, headless_service(self.job, self.cluster, self.name))
+                pod0 = self.launcher._pod0(self.context, self.client, self.ns, self.name)
+            except DagsterK8sJobStatusException:
+                self._cleanup()
+                raise PodJobTerminated(f"the run stopped while the trainer session's Job {self.name} started; its pods and Service were deleted") from None
+            except DagsterK8sError as e:
+                self._failed(str(e))
+                continue
+            self.logs = PodLogs(self.pipes, self.context, self.client, self.ns, pod0)
+            self.checked = time.monotonic()
+            return
+
+    def _failed(self, why: str) -> None:
+        """This attempt failed: delete it; restart the whole set when a restart is left, else fail."""
+        self.errors.append(f"attempt {self.attempt} (Job {self.name}): {why}")
+        failed = self.name
+        self._cleanup()
+        if self.restarts_left <= 0:
+            raise PodJobFailed(
+                f"the trainer session's {self.job.nodes} pod(s) failed {len(self.errors)} time(s) during one step "
+                f"({self.job.max_restarts} restart(s) allowed):\n" + "\n".join(e[-3000:] for e in self.errors)
+            )
+        self.context.log.warning(f"trainer session Job {failed} failed, {self.restarts_left} whole-set restart(s) left: {why}")
+        self.restarts_left -= 1
+        self.attempt += 1
+
+    def check(self) -> None:
+        self.messages.log_new()
+        if time.monotonic() - self.checked < self.launcher.poll_interval_s:
+            return
+        self.checked = time.monotonic()
+        run = self.context.instance.get_run_by_id(self.context.run_id)
+        if run is None or run.status != DagsterRunStatus.STARTED:
+            self._cleanup()
+            raise PodJobTerminated(f"the run stopped while the trainer session's Job {self.name} ran; its pods and Service were deleted")
+        status = self.client.get_job_status(self.name, self.ns)
+        if status is None:
+            raise WorkersGone(f"the trainer session's Job {self.ns}/{self.name} is gone (deleted from outside)")
+        if status.failed:
+            self._failed(f"pod(s) failed: {status}")
+            self._launch()  # the new pods take up the step that is pending in the session folder
+        elif (status.succeeded or 0) >= self.job.nodes:
+            raise WorkersGone(f"the trainer session's pods ({self.ns}/{self.name}) all exited")
+
+    def stepped(self) -> None:
+        self.restarts_left = self.job.max_restarts
+        self.errors = []
+        self.messages.log_new()
+
+    def close(self, grace_s: float) -> None:
+        """Wait up to `grace_s` for the pods to exit (they were told to stop), then delete the Job
+        and the Service and end the Pipes session."""
+        try:
+            deadline = time.monotonic() + grace_s
+            while self.name is not None and time.monotonic() < deadline:
+                status = self.client.get_job_status(self.name, self.ns)
+                if status is None or status.failed or (status.succeeded or 0) >= self.job.nodes:
+                    break
+                time.sleep(self.launcher.poll_interval_s)
+            if grace_s > 0 and self.logs is not None and (problem := self.logs.drain(min(grace_s, self.launcher.log_drain_timeout_s))):
+                self.context.log.warning(f"pod 0's log stream of the trainer session ({self.ns}/{self.logs.pod}) {problem}")
+        finally:
+            self._cleanup()
+            self.stack.close()
+            self.messages.log_new()
+            _lift_typed_output_requirement(self.context)
+
+    def _cleanup(self) -> None:
+        if self.name is not None:
+            self.launcher._cleanup(self.context, self.client, self.ns, self.name)
+            self.name = None
+        if self.logs is not None:
+            self.logs.stop(self.launcher.poll_interval_s)  # the pods are deleted: a live stream ends
+        self.logs = None
 
 
 class PodLogs:

@@ -1,17 +1,25 @@
-"""The trainer's launcher: `torchrun` on this machine as a Dagster Pipes subprocess of the driver."""
+"""The trainer's launcher: `torchrun` on this machine as a Dagster Pipes subprocess of the driver,
+for one step (`run`) or for a range of steps (`start`: a trainer session's workers)."""
 
+import os
+import time
+from contextlib import ExitStack
 from pathlib import Path
 
-from dagster import AssetExecutionContext, ConfigurableResource, PipesSubprocessClient
+from dagster import AssetExecutionContext, ConfigurableResource, PipesSubprocessClient, PipesTempFileContextInjector, PipesTempFileMessageReader, open_pipes_session
 from pydantic import Field
+
+from dagster_rl.workers import ProcessWorkers
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 class PipesTorchrunLauncher(ConfigurableResource):
-    """Runs the trainer's command (`torchrun ... -m dagster_rl.lm.worker job.json`) through Dagster
-    Pipes (`PipesSubprocessClient`): global rank 0 of the workers reports its log line and metrics
-    into the run's event log, and its stderr reaches the step's compute log.
+    """Runs the trainer's command (`torchrun ... -m dagster_rl.lm.worker <job.json | session>`)
+    through Dagster Pipes: global rank 0 of the workers reports its log line and metrics into the
+    run's event log. `run` waits for one step's command (`PipesSubprocessClient`; its stderr reaches
+    the step's compute log); `start` leaves a session's workers running beside the driver, with one
+    Pipes session open until they are closed, and logs each step's report as it arrives.
 
     Examples:
         .. code-block:: python
@@ -35,6 +43,60 @@ class PipesTorchrunLauncher(ConfigurableResource):
         for message in invocation.get_custom_messages():
             context.log.info(f"trainer rank 0 reported: {message}")
         _lift_typed_output_requirement(context)
+
+    def start(self, context: AssetExecutionContext, command: list[str], env: dict[str, str]) -> "PipesWorkers":
+        stack = ExitStack()
+        session = stack.enter_context(open_pipes_session(context, PipesTempFileContextInjector(), PipesTempFileMessageReader()))
+        _lift_typed_output_requirement(context)  # the driver yields its own materializations while the session is open
+        try:
+            workers = ProcessWorkers(command, {**os.environ, **env, **session.get_bootstrap_env_vars()}, cwd=self.cwd or str(REPO))
+        except BaseException:
+            stack.close()
+            raise
+        return PipesWorkers(context, session, stack, workers)
+
+
+class ReportedMessages:
+    """Logs rank 0's Pipes messages (one per step) into the run as they arrive, each once."""
+
+    def __init__(self, context, session):
+        self.context, self.session, self.logged = context, session, 0
+
+    def log_new(self, at_least: int = 0, wait_s: float = 0.0) -> None:
+        """Log what arrived; wait up to `wait_s` until `at_least` messages did (rank 0 reports a
+        step before it answers, and the reader polls its file every 10 ms)."""
+        deadline = time.monotonic() + wait_s
+        while len(self.session.get_custom_messages()) < at_least and time.monotonic() < deadline:
+            time.sleep(0.005)
+        messages = self.session.get_custom_messages()
+        for message in messages[self.logged :]:
+            self.context.log.info(f"trainer rank 0 reported: {message}")
+        self.logged = len(messages)
+
+
+class PipesWorkers:
+    """A session's torchrun on this machine, inside its Pipes session (`dagster_rl.workers.Workers`)."""
+
+    def __init__(self, context, session, stack: ExitStack, workers: ProcessWorkers):
+        self.context, self.stack, self.workers = context, stack, workers
+        self.messages = ReportedMessages(context, session)
+        self.steps = 0
+
+    def check(self) -> None:
+        self.messages.log_new()
+        self.workers.check()
+
+    def stepped(self) -> None:
+        self.steps += 1
+        self.messages.log_new(at_least=self.steps, wait_s=1.0)  # the step's report, in the log before the step's end
+
+    def close(self, grace_s: float) -> None:
+        try:
+            self.workers.close(grace_s)
+        finally:
+            self.stack.close()  # the Pipes session: its reader reads what is left
+            self.messages.log_new()
+            _lift_typed_output_requirement(self.context)
 
 
 def _lift_typed_output_requirement(context: AssetExecutionContext) -> None:

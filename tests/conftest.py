@@ -76,3 +76,28 @@ def uninterrupted(tmp_path_factory):
     lab.result = result
     yield lab
     lab.close()
+
+
+SESSION_STEPS = ("0000", "0001", "0002")
+
+
+def session_settings(**overrides) -> dict:
+    """`tiny_grpo` without its warm-up, trained by 2 torchrun ranks (a trainer session by default)."""
+    trainer = {"backend": "torchrun", "nproc_per_node": 2, "threads_per_process": 1, **overrides.pop("trainer", {})}
+    return shipped_settings("tiny_grpo", warmup=None, trainer=trainer, **overrides)
+
+
+@pytest.fixture(scope="session")
+def session_run(tmp_path_factory):
+    """The reference of the trainer-session tests: steps 0000..0002 of `session_settings()` in one
+    uninterrupted run, its trainer one session of 2 torchrun ranks."""
+    from dagster_rl import counters
+    from tests.harness import open_lab
+
+    home = new_dagster_home(tmp_path_factory.mktemp("session_ref") / "home")
+    lab = open_lab(home, write_experiments(home / "experiments", session_settings()))
+    before = counters.snapshot()
+    lab.result = lab.run("tiny_grpo", SESSION_STEPS[0], SESSION_STEPS[-1])
+    lab.counted = {k: v - before.get(k, 0) for k, v in counters.snapshot().items()}
+    yield lab
+    lab.close()

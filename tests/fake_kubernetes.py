@@ -64,6 +64,7 @@ from kubernetes.client import (
 )
 
 from dagster_rl.k8s_manifests import INDEX_LABEL, expand
+from dagster_rl.lifetime import children
 from dagster_rl.pods import MASTER_ADDR, MASTER_PORT
 from tests.servers import free_port
 
@@ -457,8 +458,19 @@ class FakeKubernetes:
     def _kill(self, pod: FakePod) -> None:
         if pod.proc is not None and pod.proc.poll() is None:
             pod.killed = True
-            try:
-                os.killpg(pod.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_pod_processes(pod.proc.pid)
             pod.proc.wait()
+
+
+def kill_pod_processes(pid: int) -> None:
+    """SIGKILL a pod's process and everything it started, as a container's end does (torchrun starts
+    its workers in sessions of their own: the pod's process group alone would leave them running)."""
+    for child in children(pid):
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

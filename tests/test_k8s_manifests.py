@@ -404,3 +404,19 @@ def test_the_smoke_test_checks_that_the_runs_account_may_create_the_trainers_obj
     assert done.returncode == 1 and "runs and steps run as: dagster-dagster-user-deployments-user-deployments" in done.stdout
     assert "may not:\n  create services" in done.stderr and "global.serviceAccountName: dagster-rl" in done.stderr, done.stderr
     assert "kubectl -n dagster-rl apply -f deploy/k8s/rbac.yaml" in done.stderr
+
+
+def test_a_trainer_sessions_job_lives_for_the_range():
+    """`trainer.session: range`: the pods run the worker on a session folder and live for the range;
+    the Job's deadline is the backstop of a whole range (the driver holds each step to
+    `active_deadline_s`, the workers stop when idle), and the name says which session of the run it is."""
+    exp = qwen()
+    spec = LMTrainer(nproc_per_node=1).pod_job(exp, Path("/data/trainer-jobs/dagster-rl-session-x"), step=17, session=1)
+    assert spec.name == f"{exp.name}-s0017-1" and spec.active_deadline_s == exp.trainer.active_deadline_s * exp.n_steps
+    name = job_name(spec.name, "5f0c3c1e-0d4b-4a77-9a7e-0123456789ab", 0)
+    job = indexed_job(spec, CLUSTER, name, extra_env={"DAGSTER_PIPES_CONTEXT": "x", "DAGSTER_PIPES_MESSAGES": "y"})
+    validate(job)
+    validate(headless_service(spec, CLUSTER, name))
+    assert job["spec"]["activeDeadlineSeconds"] == 3600 * exp.n_steps and job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][-3:] == ["-m", "dagster_rl.lm.worker", "/data/trainer-jobs/dagster-rl-session-x"]
+    assert LMTrainer(nproc_per_node=1).pod_job(exp, Path("/x"), step=17, session=0).name == f"{exp.name}-s0017"

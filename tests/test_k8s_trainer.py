@@ -9,6 +9,7 @@ import json
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -22,8 +23,8 @@ from dagster_rl.lm.policy import ADAPTER
 from dagster_rl.pods import PodJob, PodResources
 from resources import PipesK8sJobLauncher, PipesTorchrunLauncher, TrainerEnvironment
 from resources.k8s_launcher import PodJobFailed, PodJobTerminated
-from tests.conftest import shipped_settings
-from tests.fake_kubernetes import FakeKubernetes
+from tests.conftest import SESSION_STEPS, session_settings, shipped_settings
+from tests.fake_kubernetes import FakeKubernetes, kill_pod_processes
 from tests.harness import failure_message
 from tests.helm_chart import NAMESPACE, RELEASE, VALUES, bound_rules, user_deployments_service_account
 
@@ -123,9 +124,9 @@ def test_two_pods_of_torchrun_train_the_step_the_in_process_trainer_trains(lab, 
     nothing_left(cluster)
 
 
-def error_classes(result) -> set[str]:
+def error_classes(result, node: str = "trainer_pods") -> set[str]:
     """The classes of the failed step's error and of its causes."""
-    error, found = result.failure_data_for_node("trainer_pods").error, set()
+    error, found = result.failure_data_for_node(node).error, set()
     while error is not None:
         found.add(error.cls_name)
         error = error.cause
@@ -329,3 +330,172 @@ def test_a_driver_without_the_rbac_role_fails_at_once_and_says_what_to_apply(tmp
         nothing_left(fake)
     finally:
         fake.close()
+
+
+# ---- a trainer session: one Job for a range of steps ------------------------------------------------
+
+
+def kill_pod(cluster: FakeKubernetes, index: int) -> str:
+    """SIGKILL the process group of pod `index` of the newest Job (a lost node); return the Job's name."""
+    with cluster._lock:  # noqa: SLF001 - the test plays the node that dies
+        job = max(cluster.jobs.values(), key=lambda j: j.number)
+        pod = job.pods[index]
+    kill_pod_processes(pod.proc.pid)
+    return job.name
+
+
+def test_a_session_of_three_steps_is_one_job_whose_pods_survive_a_restart_byte_identical(lab, cluster, tmp_path, session_run):
+    """Steps 0000..0002 on 2 pods in one session: one Job for the range, not one per step. Pod 1
+    dies while step 0001 is handed over: the Job fails, the launcher deletes it and creates the
+    whole set again, whose pods take up the pending step from the session folder and load its input
+    checkpoint. The run ends with the bytes of the uninterrupted 2-rank torchrun session, and every
+    Job and Service is deleted."""
+    killed = []
+
+    def kill_pod_1_at_step_1() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not killed:
+            if any((tmp_path / "shared" / "trainer-jobs").glob("*/jobs/000002.json")):
+                killed.append(kill_pod(cluster, 1))
+            time.sleep(0.005)
+
+    settings = session_settings(trainer={"backend": "k8s", "nodes": 2, "nproc_per_node": 1, "max_restarts": 1})
+    pods = lab("session_pods", settings, trainer=TrainerEnvironment(launcher=PipesTorchrunLauncher(), k8s=launcher(tmp_path)))
+    killer = threading.Thread(target=kill_pod_1_at_step_1, daemon=True)
+    killer.start()
+    result = pods.run("tiny_grpo", SESSION_STEPS[0], SESSION_STEPS[-1])
+    killer.join(5)
+    assert result.success, failure_message(result)
+    created = [obj.split("/", 1)[1] for verb, obj in cluster.calls if verb == "create" and obj.startswith("job/")]
+    assert killed == created[:1] and len(created) == 2 and created[0].endswith("-a0") and created[1].endswith("-a1")
+    for name in created:
+        assert lifecycle(cluster.calls, name) == ["create service", "create job", "patch service", "delete job", "delete pod", "delete service"]
+    logs = [e.message for e in pods.instance.all_logs(result.run_id)]
+    assert any(f"trainer session Job {created[0]} failed, 1 whole-set restart(s) left" in m for m in logs)
+    reported = [m for m in logs if m.startswith("trainer rank 0 reported: ")]
+    assert [f"'step': {s}," in m for m in reported for s in [int(m.split("'step': ")[1].split(",")[0])]] == [True] * len(reported)
+    assert sorted({int(m.split("'step': ")[1].split(",")[0]) for m in reported}) == [0, 1, 2]
+    assert [pods.latest("tiny_grpo", "weights", s)["content_hash"] for s in SESSION_STEPS] == [
+        session_run.latest("tiny_grpo", "weights", s)["content_hash"] for s in SESSION_STEPS
+    ]
+    nothing_left(cluster)
+    assert list((tmp_path / "shared" / "trainer-jobs").iterdir()) == []  # the session folder went with it
+
+
+WAIT_FOR_STOP = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\nprint('stopped', flush=True)\n"
+
+
+def _session_asset(job: PodJob, cluster: FakeKubernetes, steps: int = 3, during=None, on_status=None):
+    """An asset that holds a session's pods for `steps` steps of half a second (checking them all
+    along, `during(step, workers)` in each), then tells them to stop (the file their command waits
+    for) and closes them; any error closes them at once."""
+
+    @asset
+    def trainer_session(context: AssetExecutionContext, k8s: PipesK8sJobLauncher):
+        if on_status is not None:
+            cluster.on_job_status = lambda name: on_status(context)
+        workers = k8s.start(context, job)
+        try:
+            for step in range(steps):
+                if during is not None:
+                    during(step, workers)
+                end = time.monotonic() + 0.5
+                while time.monotonic() < end:
+                    workers.check()
+                    time.sleep(0.05)
+                workers.stepped()
+        except BaseException:
+            workers.close(0)
+            raise
+        Path(job.command[-1]).write_text("")
+        workers.close(30)
+        context.log.info(f"jobs: {json.dumps([o.split('/', 1)[1] for v, o in cluster.calls if v == 'create' and o.startswith('job/')])}")
+
+    return trainer_session
+
+
+def _session_job(tmp_path, name: str, max_restarts: int = 0) -> PodJob:
+    stop = tmp_path / f"{name}.stop"
+    return PodJob(name=name, nodes=2, command=(sys.executable, "-c", WAIT_FOR_STOP, str(stop)), max_restarts=max_restarts, active_deadline_s=600)
+
+
+def _materialize_session(asset_def, cluster, tmp_path):
+    instance = DagsterInstance.ephemeral()
+    result = materialize([asset_def], resources={"k8s": launcher(tmp_path)}, instance=instance, raise_on_error=False)
+    return result, [e.message for e in instance.all_logs(result.run_id)]
+
+
+def test_a_session_job_lives_for_the_range_and_its_pods_exit_when_told(cluster, tmp_path):
+    job = _session_job(tmp_path, "range")
+    result, logs = _materialize_session(_session_asset(job, cluster), cluster, tmp_path)
+    assert result.success, failure_message(result)
+    [name] = json.loads(next(m for m in logs if m.startswith("jobs: "))[len("jobs: ") :])
+    assert lifecycle(cluster.calls, name) == ["create service", "create job", "patch service", "delete job", "delete pod", "delete service"]
+    pods = [p for p in cluster.deleted_pods if p.job == name]
+    assert len(pods) == 2 and all(p.exit_code == 0 and not p.killed for p in pods)  # they exited on their own, then were deleted
+    nothing_left(cluster)
+
+
+def test_a_sessions_restarts_are_counted_per_step(cluster, tmp_path):
+    """max_restarts 1: a lost pod in each of two steps costs two whole-set restarts and the range
+    goes on; two in one step fail it, and every Job is deleted."""
+
+    def lose_a_pod_in_steps_0_and_2(step, workers):
+        if step in (0, 2):
+            kill_pod(cluster, 1)
+            wait_until_restarted(workers)
+
+    def wait_until_restarted(workers):
+        before = workers.attempt
+        end = time.monotonic() + 30
+        while workers.attempt == before and time.monotonic() < end:
+            workers.check()
+            time.sleep(0.05)
+
+    job = _session_job(tmp_path, "restarts", max_restarts=1)
+    result, logs = _materialize_session(_session_asset(job, cluster, during=lose_a_pod_in_steps_0_and_2), cluster, tmp_path)
+    assert result.success, failure_message(result)
+    created = json.loads(next(m for m in logs if m.startswith("jobs: "))[len("jobs: ") :])
+    assert [n[-3:] for n in created] == ["-a0", "-a1", "-a2"]
+    nothing_left(cluster)
+
+    def lose_two_pods_in_step_1(step, workers):
+        if step == 1:
+            for _ in range(2):
+                kill_pod(cluster, 0)
+                wait_until_restarted(workers)
+
+    job = _session_job(tmp_path, "doomed-session", max_restarts=1)
+    result, _ = _materialize_session(_session_asset(job, cluster, during=lose_two_pods_in_step_1), cluster, tmp_path)
+    assert not result.success
+    message = failure_message(result)
+    assert "failed 2 time(s) during one step (1 restart(s) allowed)" in message and "attempt 0" in message and "attempt 1" in message
+    assert error_classes(result, "trainer_session") >= {PodJobFailed.__name__}
+    nothing_left(cluster)
+
+
+@pytest.mark.parametrize("how", ["interrupted", "canceling"])
+def test_a_terminated_run_deletes_its_sessions_job_and_service(cluster, tmp_path, how):
+    """Both ways Dagster ends a run, while a session's pods wait for their next step: the
+    interrupt in the driver's thread (it closes the session at once), or the run marked CANCELING
+    from elsewhere (the session's check sees it: `PodJobTerminated`). Nothing is left."""
+    following, started = threading.Event(), time.monotonic()
+    cluster.on_log_follow = lambda pod_name: following.set()
+
+    def stop(context) -> None:
+        if not following.is_set() or time.monotonic() - started < 1.5:
+            return
+        if how == "interrupted":
+            raise DagsterExecutionInterruptedError()
+        run = context.instance.get_run_by_id(context.run_id)
+        if run.status.value == "STARTED":
+            context.instance.report_run_canceling(run)
+
+    job = _session_job(tmp_path, f"stopped-{how}")
+    (result, _), took = _within(60, cluster, lambda: _materialize_session(_session_asset(job, cluster, steps=20, on_status=stop), cluster, tmp_path))
+    assert not result.success and took < 30
+    if how == "canceling":
+        assert error_classes(result, "trainer_session") >= {PodJobTerminated.__name__}
+    name = next(o.split("/", 1)[1] for v, o in cluster.calls if o.startswith("job/"))
+    assert lifecycle(cluster.calls, name)[-3:] == ["delete job", "delete pod", "delete service"]
+    nothing_left(cluster)

@@ -70,14 +70,31 @@ class LMTrainerSettings(Strict):
     """Where the update runs. `torchrun`: `nproc_per_node` worker processes on this machine (gloo on
     the CPU, nccl with CUDA) through the same entrypoint the Kubernetes pods run. `k8s`: an Indexed
     Job of `nodes` pods of `nproc_per_node` processes each (`pods` says what each pod needs),
-    restarted as a whole on any pod failure up to `max_restarts` times."""
+    restarted as a whole on any pod failure up to `max_restarts` times.
+
+    `session: range` (torchrun, k8s): the workers start once per range of steps, with its first
+    step that trains, and keep the model and optimizer state in memory between steps. `step`: every
+    update is a launch of its own that loads everything afresh (a preemptible pool may prefer it).
+    Both store the same bytes."""
 
     backend: Literal["in_process", "torchrun", "k8s"] = "in_process"
+    session: Literal["range", "step"] = Field("range", description="torchrun, k8s: workers for a range of steps, or a launch per step")
+    session_idle_timeout_s: int = Field(
+        1800,
+        ge=1,
+        le=bounds.MAX_DEADLINE_S,
+        description="a session's workers stop when no step came for this long (the next step starts new ones); on k8s "
+        "this is what ends the pods of a driver that died",
+    )
     nproc_per_node: int = Field(1, ge=1, le=bounds.MAX_THREADS, description="processes per node (one per GPU)")
     threads_per_process: int = Field(1, ge=1, le=bounds.MAX_THREADS, description="torch threads of each trainer process")
     nodes: int = Field(1, ge=1, le=bounds.MAX_NODES, description="k8s: pods of the Job")
-    max_restarts: int = Field(0, ge=0, le=bounds.MAX_RESTARTS, description="k8s: restarts of the whole set of pods after a pod fails")
-    active_deadline_s: int = Field(3600, ge=60, le=bounds.MAX_DEADLINE_S, description="k8s: the Job fails after this long")
+    max_restarts: int = Field(
+        0, ge=0, le=bounds.MAX_RESTARTS, description="k8s: restarts of the whole set of pods after a pod fails (per step in a session)"
+    )
+    active_deadline_s: int = Field(
+        3600, ge=60, le=bounds.MAX_DEADLINE_S, description="k8s: a step fails after this long (a session's Job: after n_steps times this)"
+    )
     pods: PodResources = Field(default_factory=PodResources, description="k8s: what each trainer pod needs")
 
     @model_validator(mode="after")

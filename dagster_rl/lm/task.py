@@ -47,11 +47,12 @@ def _in_process(exp: LMExperiment, env: TrainerEnv):
 
 
 def _torchrun(exp: LMExperiment, env: TrainerEnv):
-    from dagster_rl.lm.backends import LMTrainer, subprocess_launch
+    from dagster_rl.lm.backends import LMTrainer, subprocess_launch, subprocess_start
 
     return LMTrainer(
         limits=env.limits,
         launch=env.launch or subprocess_launch,
+        start=env.start or subprocess_start,
         nproc_per_node=exp.trainer.nproc_per_node,
         threads_per_process=exp.trainer.threads_per_process,
     )
