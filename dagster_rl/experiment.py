@@ -14,15 +14,18 @@ from dagster_rl.pods import PodResources
 from dagster_rl.strict import Strict  # noqa: F401 - settings modules import it from here
 
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
+ADVANTAGE_EPS = "added to a group's reward std before dividing: advantage = (r - mean) / (std + eps)"  # a field description
 MAX_TRIALS_PER_STEP = 65_536  # planned work a step may hold: prompts_per_step x n_samples (see `dagster_rl.bounds`)
 
 
 class Faults(Strict):
     """Seeded fault injection, active on the first attempt only."""
 
-    crash_driver_at_step: int = Field(-1, ge=-1, le=bounds.MAX_STEPS, description="-1: never")
-    flaky_trial_rate: float = Field(0.0, ge=0.0, lt=1.0)
-    judge_flake_rate: float = Field(0.0, ge=0.0, lt=1.0)
+    crash_driver_at_step: int = Field(
+        -1, ge=-1, le=bounds.MAX_STEPS, description="the driver crashes after finishing this step, on the run's first attempt only; -1: never"
+    )
+    flaky_trial_rate: float = Field(0.0, ge=0.0, lt=1.0, description="chance that a trial's first attempt fails (seeded)")
+    judge_flake_rate: float = Field(0.0, ge=0.0, lt=1.0, description="chance that a judgement's first attempt fails (seeded)")
     step_delay_s: float = Field(
         0.0, ge=0.0, le=600.0, description="sleep before each step's update (computed steps only): a slow step to kill"
     )
@@ -38,15 +41,24 @@ class Experiment(Strict):
     """The settings every task's experiment class has; the task adds `task` and its own sections."""
 
     name: str = Field(pattern=IDENTIFIER, description="names the asset group and the jobs")
-    description: str = ""
-    fork_of: str | None = Field(None, pattern=IDENTIFIER)
+    description: str = Field("", description="free text, shown in the UI on the driver asset; in no cache key")
+    fork_of: str | None = Field(
+        None,
+        pattern=IDENTIFIER,
+        description="the experiment this one starts from: its settings, overridden by what this file names; it shares "
+        "the parent's artifact cache",
+    )
     seed: int = Field(0, ge=bounds.SEED_MIN, le=bounds.SEED_MAX, description="64-bit")
-    n_steps: int = Field(ge=1, le=bounds.MAX_STEPS)
-    prompts_per_step: int = Field(ge=1, le=MAX_TRIALS_PER_STEP // 2)
+    n_steps: int = Field(ge=1, le=bounds.MAX_STEPS, description="training steps: the partitions 0000 to n_steps - 1")
+    prompts_per_step: int = Field(
+        ge=1, le=MAX_TRIALS_PER_STEP // 2, description="prompts a step samples, n_samples times each (a trial per sample)"
+    )
     n_samples: int = Field(description="samples per prompt: the GRPO group size", le=MAX_TRIALS_PER_STEP // 2)
-    min_trials_per_step: int = Field(1, ge=1)
-    faults: Faults = Faults()
-    checks: Checks = Checks()
+    min_trials_per_step: int = Field(
+        1, ge=1, description="a step left with fewer usable trials (after retries) fails; at most prompts_per_step x n_samples"
+    )
+    faults: Faults = Field(Faults(), description="seeded fault injection, for tests and demos")
+    checks: Checks = Field(Checks(), description="thresholds of the blocking checks on each step")
     driver_pod: PodResources | None = Field(
         None, description="on Kubernetes (k8s_job_executor): what the driver's step pod needs (and in-process rollouts)"
     )

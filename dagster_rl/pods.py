@@ -24,10 +24,10 @@ MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"  # pod 0's address (<job
 
 
 class Toleration(Strict):
-    key: str = ""
-    operator: Literal["Equal", "Exists"] = "Equal"
-    value: str = ""
-    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+    key: str = Field("", description="the taint's key; empty with Exists: every taint")
+    operator: Literal["Equal", "Exists"] = Field("Equal", description="Equal: the value must match; Exists: any value")
+    value: str = Field("", description="the taint's value (with Equal)")
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = Field("", description="the taint's effect; empty: every effect")
 
     def manifest(self) -> dict[str, str]:
         return {k: v for k, v in self.model_dump().items() if v}
@@ -41,9 +41,9 @@ class PodResources(Strict):
     cpu: str | None = Field(None, description="CPU request, e.g. '4' or '500m'")
     memory: str | None = Field(None, description="memory request and limit, e.g. '24Gi'")
     gpu: int = Field(0, ge=0, le=NODE_GPUS, description="GPUs per pod (a limit of gpu_resource)")
-    gpu_resource: str = "nvidia.com/gpu"
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: tuple[Toleration, ...] = ()
+    gpu_resource: str = Field("nvidia.com/gpu", description="the extended resource that counts GPUs")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="node labels the pod must match")
+    tolerations: tuple[Toleration, ...] = Field((), description="taints the pod tolerates")
     shm_size: str | None = Field(None, description="size of a memory-backed /dev/shm, e.g. '8Gi'")
     image: str | None = Field(None, description="this tier's image; default: the launcher's")
     env_from_secrets: tuple[str, ...] = Field((), description="Secrets whose keys become environment variables")

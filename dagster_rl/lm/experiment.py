@@ -12,8 +12,8 @@ from dagster_rl.lm.prompts import PromptSource, SyntheticPrompts
 
 
 class VerifiablePromptsTask(Strict):
-    kind: Literal["verifiable_prompts"] = "verifiable_prompts"
-    source: PromptSource = SyntheticPrompts()
+    kind: Literal["verifiable_prompts"] = Field("verifiable_prompts", description="the task kind: selects the experiment class")
+    source: PromptSource = Field(SyntheticPrompts(), description="the prompts and their answers; `kind` chooses which")
     eval_max_new_tokens: int | None = Field(
         None, ge=1, le=bounds.MAX_NEW_TOKENS, description="greedy evaluation length; default: sampling's"
     )
@@ -31,7 +31,9 @@ class LMRolloutSettings(Strict):
     process. `openai_server`: a warm vLLM server (or `dagster-rl serve`) over its OpenAI-compatible
     API; where it is (URL, key, timeouts) is the rollout environment's setting, not the experiment's."""
 
-    backend: Literal["hf", "openai_server"] = "hf"
+    backend: Literal["hf", "openai_server"] = Field(
+        "hf", description="hf: in the driver's process; openai_server: a vLLM (or dagster-rl serve) server"
+    )
 
     def cache_inputs(self) -> dict[str, str]:
         """What the engine adds to the rollouts' cache key: another engine samples other tokens from
@@ -77,7 +79,9 @@ class LMTrainerSettings(Strict):
     update is a launch of its own that loads everything afresh (a preemptible pool may prefer it).
     Both store the same bytes."""
 
-    backend: Literal["in_process", "torchrun", "k8s"] = "in_process"
+    backend: Literal["in_process", "torchrun", "k8s"] = Field(
+        "in_process", description="in the driver's process, torchrun workers on this machine, or an Indexed Job of pods"
+    )
     session: Literal["range", "step"] = Field("range", description="torchrun, k8s: workers for a range of steps, or a launch per step")
     session_idle_timeout_s: int = Field(
         1800,
@@ -115,14 +119,14 @@ class LMTrainerSettings(Strict):
 
 
 class LMExperiment(Experiment):
-    task: VerifiablePromptsTask
-    policy: PolicySettings
-    sampling: SamplingSettings = SamplingSettings()
-    rubric: LMRubric = LMRubric()
-    grpo: GRPOLMSettings = GRPOLMSettings()
-    rollout: LMRolloutSettings = LMRolloutSettings()
-    checks: LMChecks = LMChecks()
-    trainer: LMTrainerSettings = LMTrainerSettings()
+    task: VerifiablePromptsTask = Field(description="the prompts, their held-out split and the evaluation's length")
+    policy: PolicySettings = Field(description="the base model and the LoRA adapter that is trained")
+    sampling: SamplingSettings = Field(SamplingSettings(), description="how rollouts are sampled")
+    rubric: LMRubric = Field(LMRubric(), description="the reward: accuracy, and the answer's form")
+    grpo: GRPOLMSettings = Field(GRPOLMSettings(), description="the GRPO update: clipped ratio, KL, AdamW")
+    rollout: LMRolloutSettings = Field(LMRolloutSettings(), description="where rollouts are generated; the engine is in the rollouts' cache key")
+    checks: LMChecks = Field(LMChecks(), description="thresholds of the blocking checks on each step, on_policy's included")
+    trainer: LMTrainerSettings = Field(LMTrainerSettings(), description="where the update runs; only its world size is in a cache key")
     warmup: WarmupSettings | None = Field(None, description="supervised warm-up of the adapter before step 0 (`<exp>/sft`)")
     max_policy_lag: Literal[0, 1] = Field(
         0, description="1: generate step k+1 with the weights of step k-1 while step k trains (the clipped ratio corrects)"

@@ -43,16 +43,20 @@ class PromptSet(Record):
     template: str
 
 
+N_EVAL = "held-out prompts: never trained on, each step's evaluation measures greedy accuracy on them"
+TEMPLATE = "how a question becomes a prompt ({question}); unused when the tokenizer has a chat template"
+
+
 class SyntheticPrompts(Strict):
     """Tiny tasks with a one-digit answer that a tiny model learns on the CPU.
 
     copy: "copy 7 :" -> 7; add: "3 + 4 =" -> 7 (sums below 10); last: "last 3 8 5 :" -> 5.
     """
 
-    kind: Literal["synthetic"] = "synthetic"
-    ops: tuple[Literal["copy", "add", "last"], ...] = ("copy",)
-    n_eval: int = Field(2, ge=0, le=MAX_HELDOUT_PROMPTS)
-    template: str = "{question}"
+    kind: Literal["synthetic"] = Field("synthetic", description="prompts generated in code")
+    ops: tuple[Literal["copy", "add", "last"], ...] = Field(("copy",), description="which tasks the prompts mix")
+    n_eval: int = Field(2, ge=0, le=MAX_HELDOUT_PROMPTS, description=N_EVAL)
+    template: str = Field("{question}", description=TEMPLATE)
 
     def items(self) -> list["PromptItem"]:
         return synthetic_items(self.ops)
@@ -62,10 +66,10 @@ class GSM8KPrompts(Strict):
     """A JSONL file of {"question": ..., "answer": "... #### <number>"} lines; `builtin:word-problems`
     names the word problems written in code (`lm.word_problems`)."""
 
-    kind: Literal["gsm8k"] = "gsm8k"
-    path: str
-    n_eval: int = Field(100, ge=0, le=MAX_HELDOUT_PROMPTS)
-    template: str = "Question: {question}\nAnswer:"
+    kind: Literal["gsm8k"] = Field("gsm8k", description="a GSM8K-format JSONL file")
+    path: str = Field(description="the JSONL file, or builtin:word-problems (generated in code)")
+    n_eval: int = Field(100, ge=0, le=MAX_HELDOUT_PROMPTS, description=N_EVAL)
+    template: str = Field("Question: {question}\nAnswer:", description=TEMPLATE)
 
     def items(self) -> list["PromptItem"]:
         return load_gsm8k_jsonl(resolve_dataset(self.path))

@@ -5,7 +5,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from dagster_rl import bounds
-from dagster_rl.experiment import Experiment, Strict
+from dagster_rl.experiment import ADVANTAGE_EPS, Experiment, Strict
 
 MAX_DOCS_PER_STEP = 100_000  # documents of the worlds a step uses: written once, read by every trial
 
@@ -13,20 +13,22 @@ MAX_DOCS_PER_STEP = 100_000  # documents of the worlds a step uses: written once
 class SecretSearchTask(Strict):
     """The agentic sandbox world: find the document holding the digest of the world's secret."""
 
-    kind: Literal["secret_search"] = "secret_search"
-    n_worlds: int = Field(3, ge=1, le=1000)
-    n_docs: int = Field(8, ge=2, le=1000)
-    max_turns: int = Field(4, ge=1, le=bounds.MAX_TURNS)
+    kind: Literal["secret_search"] = Field("secret_search", description="the task kind: selects the experiment class")
+    n_worlds: int = Field(3, ge=1, le=1000, description="sandbox worlds; prompt p plays world p mod n_worlds")
+    n_docs: int = Field(8, ge=2, le=1000, description="documents per world, one of them holding the digest")
+    max_turns: int = Field(4, ge=1, le=bounds.MAX_TURNS, description="documents an agent may open in an episode")
     scratch_rate: float = Field(0.3, ge=0.0, le=1.0, description="chance an agent leaves a scratch file")
 
 
 class Rubric(Strict):
     """How the judge scores a trajectory on top of the verifier: reward = verified + score."""
 
-    name: str = "default"
-    correctness: float = Field(1.0, ge=0.0, le=bounds.MAX_REWARD_WEIGHT)
-    efficiency: float = Field(0.5, ge=0.0, le=bounds.MAX_REWARD_WEIGHT)
-    tidiness: float = Field(0.2, ge=0.0, le=bounds.MAX_REWARD_WEIGHT)
+    name: str = Field("default", description="the rubric's name, recorded with the rewards (lineage shows it)")
+    correctness: float = Field(1.0, ge=0.0, le=bounds.MAX_REWARD_WEIGHT, description="weight of a verified answer")
+    efficiency: float = Field(
+        0.5, ge=0.0, le=bounds.MAX_REWARD_WEIGHT, description="weight of (max_turns - turns + 1) / max_turns, for a verified answer"
+    )
+    tidiness: float = Field(0.2, ge=0.0, le=bounds.MAX_REWARD_WEIGHT, description="weight of leaving no scratch file behind")
 
     @property
     def weight_total(self) -> float:
@@ -39,8 +41,10 @@ class Rubric(Strict):
 
 
 class GRPOSettings(Strict):
-    learning_rate: float = Field(1.0, gt=0.0, le=bounds.MAX_TABULAR_LEARNING_RATE)
-    advantage_eps: float = Field(1e-4, gt=0.0, le=bounds.MAX_EPS)
+    learning_rate: float = Field(
+        1.0, gt=0.0, le=bounds.MAX_TABULAR_LEARNING_RATE, description="step size of the update of each world's document logits"
+    )
+    advantage_eps: float = Field(1e-4, gt=0.0, le=bounds.MAX_EPS, description=ADVANTAGE_EPS)
 
 
 class SecretSearchExperiment(Experiment):
