@@ -17,7 +17,7 @@ PORT ?=
 VLLM_VERSION := 0.32.0
 VLLM_VENV := .venv-vllm
 
-.PHONY: install vllm demo train status test bench ui clean
+.PHONY: install vllm demo train status test bench ui docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,10 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 	@port=$${PORT:-$$($(BIN)/python -c 'import socket; print(next(p for p in range(3000, 3100) if socket.socket().connect_ex(("127.0.0.1", p))))')}; \
 	echo "Dagster UI: http://127.0.0.1:$$port (DAGSTER_HOME=$(DAGSTER_HOME); PORT=<n> make ui to choose the port)"; \
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $$port
+
+# docs/experiment-file.md from the experiment models (tests/test_docs.py fails when it is stale)
+docs: install
+	$(BIN)/python -m dagster_rl.experiment_reference docs/experiment-file.md
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .dagster_home

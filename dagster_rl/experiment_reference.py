@@ -44,7 +44,8 @@ experiment class that validates it; its `name` names the asset group `<name>` an
 To check a file without training, ask for its status (it loads every experiment file, and names
 each invalid one with the field, the bound and the value):
 
-```bash
+<!-- doc-test: expect="experiment demo: " -->
+```bash runnable
 export DAGSTER_HOME="$PWD/.dagster_home"
 .venv/bin/dagster-rl status demo
 ```
