@@ -125,6 +125,9 @@ def type_name(annotation: Any) -> str:
 def _bounds(metadata: list[Any]) -> str:
     parts = []
     for m in metadata:
+        if isinstance(m, FieldInfo):  # Annotated[float, Field(ge=...)]: the bounds are its metadata
+            parts.append(_bounds(m.metadata))
+            continue
         for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
             value = getattr(m, attr, None)
             if isinstance(m, getattr(annotated_types, attr.capitalize())) and value is not None:
@@ -132,7 +135,7 @@ def _bounds(metadata: list[Any]) -> str:
         pattern = getattr(m, "pattern", None)
         if pattern:
             parts.append(f"matches `{pattern}`")
-    return ", ".join(parts)
+    return ", ".join(p for p in parts if p)
 
 
 def _number(value: Any) -> str:
@@ -149,7 +152,8 @@ def _default(field: FieldInfo) -> str:
     else:
         value = field.default
     if isinstance(value, BaseModel):
-        return "its defaults"
+        several = len(_submodels(field.annotation)) > 1
+        return f"{type(value).__name__} with its defaults" if several else "its defaults"
     if value is None:
         return "null"
     if isinstance(value, str):
@@ -163,10 +167,15 @@ def _default(field: FieldInfo) -> str:
     return f"`{_number(value)}`"
 
 
+def _parent(model: type[BaseModel]) -> type[BaseModel] | None:
+    """The settings model this one extends (one with fields of its own), if any."""
+    return next((b for b in model.__mro__[1:] if isinstance(b, type) and issubclass(b, BaseModel) and b.model_fields), None)
+
+
 def _own_fields(model: type[BaseModel]) -> dict[str, FieldInfo]:
     """The fields a model adds to, or changes from, the settings model it extends."""
-    parent = next((b for b in model.__mro__[1:] if isinstance(b, type) and issubclass(b, BaseModel) and b.model_fields), None)
-    if parent is None or parent is BaseModel:
+    parent = _parent(model)
+    if parent is None:
         return dict(model.model_fields)
     return {
         name: f
@@ -197,8 +206,10 @@ def reference() -> str:
     out = [INTRO]
     done: set[type[BaseModel]] = {Experiment}
 
-    def section(model: type[BaseModel], level: str, note: str = "") -> None:
+    def section(model: type[BaseModel], level: str) -> None:
         out.append(f"{level} {model.__name__}\n")
+        parent = _parent(model)
+        note = f"The fields below, and every field of [{parent.__name__}](#{_anchor(parent)})." if parent else ""
         text = " ".join(t for t in (_doc(model), note) if t)
         if text:
             out.append(text + "\n")
@@ -216,13 +227,13 @@ def reference() -> str:
             queue.extend(m for f in _own_fields(sub).values() for m in _submodels(f.annotation))
 
     out.append("## Every experiment\n")
-    section(Experiment, "###", "Every task's experiment class has these fields.")
+    section(Experiment, "###")
     nested(Experiment)
     for kind in sorted(BUILTIN_TASKS):  # the shipped tasks (a task registered at run time is not documented here)
         exp = task_of(kind).experiment
         out.append(f"## Task `{kind}`\n")
         done.add(exp)
-        section(exp, "###", "The fields below, and every field of [Experiment](#experiment).")
+        section(exp, "###")
         nested(exp)
     return "\n".join(out).rstrip() + "\n"
 

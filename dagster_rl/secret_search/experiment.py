@@ -50,9 +50,9 @@ class GRPOSettings(Strict):
 class SecretSearchExperiment(Experiment):
     """The agentic loop: sandboxed episodes, verifier + rubric judge, tabular document priors."""
 
-    task: SecretSearchTask
-    rubric: Rubric = Rubric()
-    grpo: GRPOSettings = GRPOSettings()
+    task: SecretSearchTask = Field(description="the worlds the agents search")
+    rubric: Rubric = Field(Rubric(), description="the judge's score on top of the verifier's")
+    grpo: GRPOSettings = Field(GRPOSettings(), description="the tabular GRPO update of the document priors")
 
     @model_validator(mode="after")
     def _bounded_worlds(self) -> "SecretSearchExperiment":
