@@ -2,7 +2,7 @@
 
 Runs each experiment's `<exp>_train` job (its warm-up `<exp>/sft` first, then every step) on an
 ephemeral instance with a fresh artifact store, and prints the base's, the warm-up's and the steps'
-held-out accuracy, the mean reward and the wall time. The README's curves come from this.
+held-out accuracy, the mean reward and the wall time. The curves of docs/language-models.md come from this.
 
     .venv/bin/python bench/learning_curves.py [--experiments tiny_grpo tiny_gsm8k] [--every 5]
 """

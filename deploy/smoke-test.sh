@@ -7,7 +7,7 @@
 #
 #   KUBECONFIG=~/.kube/config NAMESPACE=dagster-rl RELEASE=dagster deploy/smoke-test.sh
 #
-# Needs kubectl, and a release installed as the README's "Kubernetes" section says.
+# Needs kubectl, and a release installed as docs/kubernetes.md says.
 set -euo pipefail
 
 NAMESPACE="${NAMESPACE:-dagster-rl}"

@@ -47,7 +47,7 @@ class LMRolloutSettings(Strict):
 # ~1e-6 (measured on vLLM's CPU build and this project's engines). bfloat16 forwards differ per token
 # by up to 0.5-0.7 nats on a 0.5B model with nothing wrong (the max is a tail statistic), so the max
 # bound only catches gross errors there; a sampler that samples another distribution (a top-k or
-# top-p cut, a penalty, another temperature) shifts the mean, which rounding leaves near 0: README,
+# top-p cut, a penalty, another temperature) shifts the mean, which rounding leaves near 0: docs/vllm.md,
 # "Rollouts on a real vLLM", says what was measured.
 ON_POLICY_TOLERANCE = {"float32": (1e-3, 1e-3), "bfloat16": (1.0, 0.02)}
 

@@ -64,7 +64,7 @@ def _k8s(exp: LMExperiment, env: TrainerEnv):
     if env.pods is None:
         raise ValueError(
             f"experiment {exp.name} trains with trainer backend k8s, but the trainer environment has no Kubernetes "
-            "launcher: set TrainerEnvironment(k8s=PipesK8sJobLauncher(...)) (or DAGSTER_RL_K8S_IMAGE, see the README)"
+            "launcher: set TrainerEnvironment(k8s=PipesK8sJobLauncher(...)) (or DAGSTER_RL_K8S_IMAGE, see docs/kubernetes.md)"
         )
     return LMTrainer(
         limits=env.limits,
