@@ -9,7 +9,7 @@ DEMO_RANGE ?= 0000...0007
 DEMO_LOGS := --config-json '{"loggers": {"console": {"config": {"log_level": "INFO"}}}}'
 QUIET := PYTHONWARNINGS='ignore::FutureWarning,ignore:Parameter `include_sources`'
 
-.PHONY: install demo test bench ui clean
+.PHONY: install demo test test-numerics-default check-numerics bench ui clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,15 @@ demo: install $(DAGSTER_HOME)/dagster.yaml
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# The tests marked `numerics` (their asserts depend on how the CPU's kernels round) once more, on
+# torch's portable kernels: what another CPU may compute. `.ci/run` runs it after `make test`.
+test-numerics-default: install
+	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q -m numerics
+
+# The `numerics` tests under every kernel setting (native, avx2, default), as one table.
+check-numerics: install
+	$(BIN)/python -m tests.check_numerics
 
 bench: install
 	$(BIN)/python bench/driver_overhead.py
