@@ -104,8 +104,8 @@ def last_mean(run: dict, last: int) -> float:
     return sum(tail) / len(tail)
 
 
-def print_table(runs: list[tuple[str, dict]], last: int) -> None:
-    """One line per run, then each column's range over the runs."""
+def print_table(runs: list[tuple[str, dict]], last: int, every: int) -> None:
+    """One line per run, then each column's range over the runs, then the curve's range step by step."""
     name = runs[0][1]["experiment"]
     n = len(runs[0][1]["accuracy"])
     print(f"\n{name}: held-out greedy accuracy, warm-up (start) vs the mean of steps {n - last}..{n - 1}")
@@ -117,7 +117,13 @@ def print_table(runs: list[tuple[str, dict]], last: int) -> None:
         starts.append(run["warmup"])
         ends.append(end)
         print(f"{kernel:8} {run['seed']:4d} {run['sft_steps']:9d} {run['warmup']:8.2f} {end:8.3f} {end - run['warmup']:+6.3f} {max(run['accuracy']):6.2f}")
-    print(f"{'range':8} {'':4} {'':9} {min(starts):.2f}-{max(starts):.2f} {min(ends):.2f}-{max(ends):.2f} {min(rises):+.3f}..{max(rises):+.3f}", flush=True)
+    print(f"{'range':8} {'':4} {'':9} {min(starts):.2f}-{max(starts):.2f} {min(ends):.2f}-{max(ends):.2f} {min(rises):+.3f}..{max(rises):+.3f}")
+    shown = [s for s in range(n) if s % every == 0 or s == n - 1]
+    curves = [run["accuracy"] for _, run in runs]
+    print(f"\n{name}: held-out greedy accuracy, range over the {len(runs)} runs")
+    print("| | warm-up | " + " | ".join(f"step {s}" if s == 0 else str(s) for s in shown) + " |")
+    print("| --- " * (len(shown) + 2) + "|")
+    print(f"| held-out greedy accuracy | {min(starts):.2f}-{max(starts):.2f} | " + " | ".join(f"{min(c[s] for c in curves):.2f}-{max(c[s] for c in curves):.2f}" for s in shown) + " |", flush=True)
 
 
 def main() -> None:
@@ -130,6 +136,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=5, help="curves: print every this many steps (and the last)")
     parser.add_argument("--set", nargs=2, action="append", default=[], metavar=("EXPERIMENT", "JSON"), help="override settings")
     parser.add_argument("--json", type=Path, default=None, help="append every run's result to this JSON-lines file")
+    parser.add_argument("--from-json", type=Path, default=None, help="print the tables of the runs stored in this file (--json) instead of running")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one run, its result as JSON on stdout
     args = parser.parse_args()
     overrides = {name: {} for name in args.experiments}
@@ -138,6 +145,13 @@ def main() -> None:
     if args.worker:
         [name], [seed] = args.experiments, args.seeds
         print(json.dumps(run_one(name, seed, overrides[name], args.steps)))
+        return
+    if args.from_json is not None:
+        stored = [json.loads(line) for line in args.from_json.read_text().splitlines() if line.strip()]
+        for name in args.experiments:
+            runs = [(r["kernels"], r) for r in stored if r["experiment"] == name]
+            if runs:
+                print_table(runs, args.last, args.every)
         return
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
     for name in args.experiments:
@@ -157,7 +171,7 @@ def main() -> None:
                         f.write(json.dumps(run) + "\n")
                 print_curve(run, kernel, args.every)
                 runs.append((kernel, run))
-        print_table(runs, args.last)
+        print_table(runs, args.last, args.every)
 
 
 if __name__ == "__main__":
