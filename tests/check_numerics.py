@@ -26,7 +26,7 @@ def run(kernel: str, xml: Path, extra: list[str]) -> int:
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     if kernel != "native":
         env["ATEN_CPU_CAPABILITY"] = kernel
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "numerics", "-p", "no:cacheprovider", f"--junitxml={xml}", *extra]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "numerics", "-p", "no:cacheprovider", "-o", "junit_family=legacy", f"--junitxml={xml}", *extra]
     print(f"\n== {kernel}: {' '.join(cmd[1:])}", flush=True)
     return subprocess.run(cmd, env=env, cwd=REPO).returncode
 
