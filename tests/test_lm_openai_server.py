@@ -26,7 +26,7 @@ from dagster_rl.store import ArtifactStore
 from dagster_rl.task import Endpoint
 from dagster_rl.vllm_client import ServerSampling
 from resources import RolloutEnvironment
-from tests.conftest import shipped_settings
+from tests.conftest import TINY_PLUMBING, shipped_settings
 from tests.harness import failure_message
 from tests.serve_process import ServeProcess, serve_command
 from tests.servers import free_port
@@ -35,7 +35,7 @@ TINY = "builtin:tiny-qwen2"
 
 
 def tiny(**overrides) -> dict:
-    return shipped_settings("tiny_grpo", **overrides)
+    return shipped_settings("tiny_grpo", **{**TINY_PLUMBING, **overrides})
 
 
 # vLLM's LoRA adapts no lm_head: an openai_server experiment may not target it (tiny_grpo's does)
