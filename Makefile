@@ -17,7 +17,7 @@ PORT ?=
 VLLM_VERSION := 0.32.0
 VLLM_VENV := .venv-vllm
 
-.PHONY: install vllm demo train status test bench ui docs clean
+.PHONY: install vllm demo train status test test-numerics-default check-numerics bench ui docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,15 @@ status: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# The tests marked `numerics` (their asserts depend on how the CPU's kernels round) once more, on
+# torch's portable kernels: what another CPU may compute. `.ci/run` runs it after `make test`.
+test-numerics-default: install
+	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q -m numerics
+
+# The `numerics` tests under every kernel setting (native, avx2, default), as one table.
+check-numerics: install
+	$(BIN)/python -m tests.check_numerics
 
 bench: install
 	$(BIN)/python bench/driver_overhead.py

@@ -13,7 +13,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import Field, field_validator
 
-from dagster_rl.bounds import MAX_DEADLINE_S, MAX_NODES, MAX_RESTARTS, NODE_GPUS
+from dagster_rl.bounds import MAX_DEADLINE_S, MAX_NODES, MAX_STEPS, MAX_RESTARTS, NODE_GPUS
 from dagster_rl.strict import Strict
 from dagster_rl.workers import Workers
 
@@ -87,7 +87,7 @@ class PodJob(Strict):
     env: dict[str, str] = Field(default_factory=dict)
     resources: PodResources = PodResources()
     max_restarts: int = Field(0, ge=0, le=MAX_RESTARTS)
-    active_deadline_s: int = Field(3600, ge=1, le=MAX_DEADLINE_S)
+    active_deadline_s: int = Field(3600, ge=1, le=MAX_DEADLINE_S * MAX_STEPS)  # a session's Job: a range of steps' deadlines
     port: int = Field(29500, ge=1, le=65535)
 
 

@@ -17,6 +17,12 @@ if not os.environ.get("DAGSTER_HOME"):
     os.environ["DAGSTER_HOME"] = tempfile.mkdtemp(prefix="dagster-rl-test-home-")
 
 
+# tiny_grpo's steps at the size of the driver's plumbing tests (caching, lineage, retries, trainers,
+# servers): 8 prompts x 8 samples. The shipped 64 prompts a step are what its learning needs; tests of
+# the learning itself run the shipped settings.
+TINY_PLUMBING = {"prompts_per_step": 8, "n_samples": 8, "min_trials_per_step": 32}
+
+
 def demo_settings(**overrides) -> dict:
     """The demo experiment's settings, with overrides merged one level deep."""
     return shipped_settings("demo", **overrides)

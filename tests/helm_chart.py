@@ -40,7 +40,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 VALUES = REPO / "deploy" / "helm" / "values.yaml"
-RELEASE, NAMESPACE = "dagster", "dagster-rl"  # as the README installs it
+RELEASE, NAMESPACE = "dagster", "dagster-rl"  # as docs/kubernetes.md installs it
 SUBCHART = "dagster-user-deployments"
 
 

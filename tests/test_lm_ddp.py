@@ -5,13 +5,25 @@ import json
 import pytest
 import torch
 from dagster_pipes import encode_param
+from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file
 
-from dagster_rl.lm.policy import checkpoint_bytes, load_checkpoint, load_policy, make_optimizer, save_checkpoint
+from dagster_rl.lm.policy import ADAPTER, checkpoint_bytes, load_checkpoint, load_policy, make_optimizer, save_checkpoint
 from dagster_rl.lm.settings import GRPOLMSettings
 from dagster_rl.lm.trainer import TrainMetrics, build_samples, micro_batches, shard, train_step
 from dagster_rl.lm.worker import CHECKPOINT_DIR, GRADS, METRICS, TrainBatch, TrainJob, launch_torchrun, write_job
-from tests.lm_fixtures import GRPO, fresh_policy, policy_settings, run, step_batch, tiny_dir  # noqa: F401
+from tests.lm_fixtures import (  # noqa: F401
+    EPS32,
+    GRPO,
+    assert_within_summation_bound,
+    fresh_policy,
+    gradient_terms,
+    policy_settings,
+    positions,
+    run,
+    step_batch,
+    tiny_dir,
+)
 
 # a strong KL weight: with a 1-sample batch (one rank's shard empty) the KL term is the whole gradient;
 # a small token budget: a rank's shard of 3 samples is 2 micro-batches, the single process's 6 are 3 or 4
@@ -44,13 +56,29 @@ def _pipes_env(messages) -> dict[str, str]:
 
 
 def _single_process(tiny_dir, folder, batch, device):
+    """The single-process step's gradients, metrics and checkpoint, and the |terms| its gradients sum."""
     files = load_checkpoint(folder)
     policy = load_policy(policy_settings(tiny_dir).model_copy(update={"device": device}), files)
     optimizer = make_optimizer(policy, DDP_GRPO, files)
     samples, facts = build_samples(batch.rollouts, batch.rewards, DDP_GRPO.advantage_eps)
     grads = {}
-    metrics = train_step(policy, optimizer, samples, len(samples), DDP_GRPO, facts, on_grads=grads.update)
-    return grads, metrics, checkpoint_bytes(policy, optimizer)
+    with gradient_terms(policy) as terms:
+        metrics = train_step(policy, optimizer, samples, len(samples), DDP_GRPO, facts, on_grads=grads.update)
+    return grads, terms, metrics, checkpoint_bytes(policy, optimizer)
+
+
+def _adam_on(tiny_dir, folder, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapter that the input checkpoint's optimizer makes of these gradients: the clip and the
+    AdamW step a trainer runs after its gradients are synchronized."""
+    files = load_checkpoint(folder)
+    policy = load_policy(policy_settings(tiny_dir), files)
+    optimizer = make_optimizer(policy, DDP_GRPO, files)
+    named = policy.trainable()
+    for name, p in named:
+        p.grad = grads[name].clone()
+    torch.nn.utils.clip_grad_norm_([p for _, p in named], DDP_GRPO.max_grad_norm)
+    optimizer.step()
+    return load_bytes(checkpoint_bytes(policy, optimizer)[ADAPTER])
 
 
 TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason=f"a 2-rank NCCL step needs 2 GPUs; torch sees {torch.cuda.device_count()}")
@@ -61,7 +89,8 @@ TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason=f"a 2-rank N
     [(1, "cpu"), (6, "cpu"), pytest.param(6, "cuda", marks=[pytest.mark.cuda, TWO_GPUS])],
     ids=["one-shard-empty", "both-shards-full", "nccl-both-shards-full"],
 )
-def test_two_rank_gradients_equal_single_process(tiny_dir, trained_v1, tmp_path, n_samples, device):
+@pytest.mark.numerics
+def test_two_rank_gradients_equal_single_process(tiny_dir, trained_v1, tmp_path, n_samples, device, record_property):
     folder, rollouts, rewards = trained_v1
     batch = TrainBatch(rollouts=rollouts[:n_samples], rewards=rewards[:n_samples])
     (tmp_path / "batch.json").write_text(batch.model_dump_json())
@@ -81,7 +110,7 @@ def test_two_rank_gradients_equal_single_process(tiny_dir, trained_v1, tmp_path,
 
     dist_grads = load_file(str(tmp_path / "out" / GRADS))
     dist_metrics = TrainMetrics.model_validate_json((tmp_path / "out" / METRICS).read_text())
-    grads, metrics, files = _single_process(tiny_dir, folder, batch, device)
+    grads, terms, metrics, _ = _single_process(tiny_dir, folder, batch, device)
     grads = {k: v.cpu() for k, v in grads.items()}
     samples, _ = build_samples(batch.rollouts, batch.rewards, DDP_GRPO.advantage_eps)
     packed = [len(micro_batches(shard(samples, rank, 2), DDP_GRPO.micro_batch_tokens)) for rank in range(2)]
@@ -90,19 +119,35 @@ def test_two_rank_gradients_equal_single_process(tiny_dir, trained_v1, tmp_path,
 
     assert set(dist_grads) == set(grads) and len(grads) == 26  # (2 layers x 6 modules + lm_head) x (A, B)
     assert sum(float(g.norm()) for g in grads.values()) > 1e-3
-    for name, g in grads.items():
-        torch.testing.assert_close(dist_grads[name], g, rtol=1e-5, atol=1e-8, msg=lambda m: f"{name}: {m}")
+    # The gradients before the optimizer, where the two runs differ by summation order alone: the
+    # same per-position terms, added in micro-batches of other sizes, on two ranks then all-reduced, by
+    # kernels that block the reduction by the batch's shape (lm_fixtures.assert_within_summation_bound).
+    # Padding and the synchronizing forward add exact zeros; world_size / total_samples in the loss's
+    # scale and DDP's division by the world size are exact (powers of two apart).
+    n = positions(samples)
+    worst = assert_within_summation_bound(dist_grads, grads, terms, n)
+    record_property("grad_diff", f"{worst:.2f}/{n - 1} eps32*sum|terms|")
+    bound = {name: (n - 1) * EPS32 * terms[name] for name in grads}
+    # the gradient norm: |(|a| - |b|)| <= |a - b|, and |a - b| <= the norm of the element-wise bound
+    norm_bound = float(torch.linalg.vector_norm(torch.cat([b.flatten() for b in bound.values()])))
+    assert abs(dist_metrics.grad_norm - metrics.grad_norm) <= norm_bound, (dist_metrics.grad_norm, metrics.grad_norm, norm_bound)
     assert dist_metrics.world_size == 2 and metrics.world_size == 1
     assert dist_metrics.samples_used == metrics.samples_used == n_samples
-    for field in ("loss", "ratio", "ratio_max_dev", "kl", "clip_frac", "grad_norm"):
-        assert getattr(dist_metrics, field) == pytest.approx(getattr(metrics, field), rel=1e-5, abs=1e-8), field
+    # The loss's statistics are means over samples (summed in float64) of per-token functions of float32
+    # log-probs that the two layouts round differently in their last bits: a few eps32 of each value.
+    # rel 1e-5 is 84 eps32 (measured: 0.2 eps32); abs 1e-7 is for the values near 0.
+    for field in ("loss", "ratio", "ratio_max_dev", "kl", "clip_frac"):
+        assert getattr(dist_metrics, field) == pytest.approx(getattr(metrics, field), rel=1e-5, abs=1e-7), field
     assert metrics.kl > 0 and metrics.ratio != 1.0
-    # the written checkpoint is the single-process one, up to float noise
-    from safetensors.torch import load as load_bytes
-
-    dist_adapter = load_bytes(load_checkpoint(tmp_path / "out" / CHECKPOINT_DIR)["adapter_model.safetensors"])
-    for k, v in load_bytes(files["adapter_model.safetensors"]).items():
-        torch.testing.assert_close(dist_adapter[k], v, rtol=1e-5, atol=1e-7)
+    # The written checkpoint is exactly the optimizer step on the synchronized gradients: the same AdamW,
+    # from the same input checkpoint, on rank 0's gradients, gives it bit for bit on this machine. (The
+    # single-process adapter is not compared: Adam's first steps move every weight by about the
+    # learning rate times the sign of its gradient, so a gradient that rounds to either side of 0 in
+    # the two runs moves its weight by a learning rate either way.)
+    dist_adapter = load_bytes(load_checkpoint(tmp_path / "out" / CHECKPOINT_DIR)[ADAPTER])
+    replayed = _adam_on(tiny_dir, folder, dist_grads)
+    assert set(replayed) == set(dist_adapter)
+    assert all(torch.equal(dist_adapter[k], replayed[k]) for k in replayed), [k for k in replayed if not torch.equal(dist_adapter[k], replayed[k])]
     # under Dagster Pipes, rank 0 alone reported: one open, log, metrics message, materialization, close
     reported = [json.loads(line) for line in messages.read_text().splitlines()]
     assert [m["method"] for m in reported] == ["opened", "log", "report_custom_message", "report_asset_materialization", "closed"]
@@ -110,7 +155,8 @@ def test_two_rank_gradients_equal_single_process(tiny_dir, trained_v1, tmp_path,
     assert payload["metrics"]["samples_used"] == n_samples and payload["metrics"]["world_size"] == 2
     assert reported[3]["params"]["asset_key"] == "lm_demo/weights"
     assert reported[3]["params"]["data_version"] == payload["checkpoint_hash"]
-    print(json.dumps({"n_samples": n_samples, "max_abs_grad_diff": max(float((dist_grads[n] - g).abs().max()) for n, g in grads.items())}))
+    stats_dev = max(abs(getattr(dist_metrics, f) - getattr(metrics, f)) / max(abs(getattr(metrics, f)), 1e-30) for f in ("loss", "ratio", "kl"))
+    print(json.dumps({"n_samples": n_samples, "positions": n, "worst |difference| / (eps32 sum|terms|)": worst, "loss stats max rel diff / eps32": stats_dev / EPS32}))
 
 
 def test_torchrun_command():

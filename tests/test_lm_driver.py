@@ -6,20 +6,24 @@ import pytest
 
 from dagster_rl import counters
 from dagster_rl.experiment import step_key
-from tests.conftest import shipped_settings
+from tests.conftest import TINY_PLUMBING, shipped_settings
 from tests.harness import failure_message
 
-STEPS = [step_key(i) for i in range(10)]
+STEPS = [step_key(i) for i in range(4)]
 CHAIN = ("rollouts", "rewards", "weights", "evaluation")
+# The shipped tiny_grpo's first 12 steps: the mean held-out accuracy of steps 9-11 rises at least 10
+# points above the warm-up's. Measured (bench/learning_curves.py, native AVX-512, avx2 and default
+# kernels x seeds 0-2): +0.22 to +0.24 for seed 0 (this test's) on all three, +0.09 to +0.24 over all 9.
+LEARNING_STEPS, LEARNING_RISE = 12, 0.10
 
 
 def tiny(**overrides) -> dict:
-    return shipped_settings("tiny_grpo", **overrides)
+    return shipped_settings("tiny_grpo", **{**TINY_PLUMBING, **overrides})
 
 
 @pytest.fixture(scope="module")
 def on_policy(tmp_path_factory):
-    """tiny_grpo steps 0000..0009 (its warm-up first), on-policy, trainer in-process."""
+    """tiny_grpo steps 0000..0003 (its warm-up first), on-policy, trainer in-process, 8 prompts a step."""
     from tests.conftest import new_dagster_home, write_experiments
     from tests.harness import open_lab
 
@@ -36,37 +40,46 @@ def test_every_step_materializes_all_four_assets_in_order(on_policy):
         assert [e.asset_materialization.partition for e in on_policy.events("tiny_grpo", asset)] == STEPS, asset
 
 
-def test_mean_reward_rises_and_steps_are_on_policy_within_rounding(on_policy):
+def test_every_step_trains_on_policy_within_rounding(on_policy):
     md = [on_policy.latest("tiny_grpo", "weights", s) for s in STEPS]
-    rewards = [m["mean_reward"] for m in md]
-    # measured (the same on every run of this CPU): 0.600 0.769 0.600 0.819 0.567 0.770 0.677 0.609 0.770 0.756;
-    # sampled accuracy 0.50 0.67 0.50 0.72 0.47 0.67 0.58 0.52 0.67 0.66 (8 prompts a step: noisy; the
-    # held-out test below is where the learning shows)
-    assert rewards[0] == pytest.approx(0.600, abs=1e-3)
-    assert fmean(rewards[-5:]) > fmean(rewards[:5]) + 0.03, rewards
     # step 0 samples with the warm-up's adapter and trains from it; the KL term's reference is the
     # base (kl_reference: base), which the warm-up has moved away from
     assert md[0]["kl"] > 0.5
     # on-policy every step: the sampler's log-probs against the trainer's, float rounding apart
     assert all(0.0 <= m["ratio_max_dev"] < 1e-5 for m in md), [m["ratio_max_dev"] for m in md]
     assert all(m["policy_lag"] == 0.0 for m in md)
-    assert [m["weights_version"] for m in md] == list(range(1, 11))
+    assert [m["weights_version"] for m in md] == list(range(1, len(STEPS) + 1))
+    assert all(m["n_trials"] == 64 and 0.0 <= m["mean_reward"] <= 1.1 for m in md)
 
 
-def test_heldout_greedy_accuracy_rises_above_the_warm_started_base(on_policy):
-    """GRPO generalizes: greedy accuracy on 100 prompts no step trains on rises above the warm-up's."""
-    sft = on_policy.latest("tiny_grpo", "sft", None)
-    evals = [on_policy.latest("tiny_grpo", "evaluation", s) for s in STEPS]
-    # measured: base 0.0, warm-up 0.51; steps 0..9: 0.76 0.78 0.75 0.75 0.77 0.80 0.81 0.87 0.92 0.94
+@pytest.mark.numerics
+def test_heldout_greedy_accuracy_rises_above_the_warm_started_base(lab, record_property):
+    """GRPO generalizes: greedy accuracy on 100 prompts no step trains on rises above the warm-up's,
+    with the shipped settings, on every CPU kernel setting (bench/learning_curves.py measures the
+    whole curve on three kernel settings x three seeds; docs/language-models.md gives its range)."""
+    run = lab("curve", shipped_settings("tiny_grpo", n_steps=LEARNING_STEPS))
+    steps = [step_key(i) for i in range(LEARNING_STEPS)]
+    assert run.run("tiny_grpo", steps[0], steps[-1]).success
+    sft = run.latest("tiny_grpo", "sft", None)
+    evals = [run.latest("tiny_grpo", "evaluation", s) for s in steps]
+    md = [run.latest("tiny_grpo", "weights", s) for s in steps]
+    accuracy = [e["accuracy"] for e in evals]
+    rise = fmean(accuracy[-3:]) - sft["accuracy"]
+    record_property("warmup", sft["accuracy"])
+    record_property("last3", round(fmean(accuracy[-3:]), 3))
+    record_property("rise", f"{rise:+.3f}")
     assert sft["base_accuracy"] == 0.0 and sft["accuracy"] >= 0.3  # the warm-up can do the task a little
     assert all(e["start_accuracy"] == sft["accuracy"] and e["n_prompts"] == 100 for e in evals)
-    accuracy = [e["accuracy"] for e in evals]
-    assert fmean(accuracy[-3:]) >= sft["accuracy"] + 0.10, accuracy
+    assert rise >= LEARNING_RISE, accuracy
+    # on-policy every step: float noise between sampler and trainer (up to 1.4e-5 measured over 512
+    # samples a step, where a confident policy's logits are large), far below one update's drift (> 1e-3,
+    # test_pipelined_steps_...)
+    assert all(m["ratio_max_dev"] < 1e-4 and m["policy_lag"] == 0.0 for m in md), [m["ratio_max_dev"] for m in md]
 
 
 def test_evaluation_is_recorded_for_every_step_with_the_base_model(on_policy):
     evals = [on_policy.latest("tiny_grpo", "evaluation", s) for s in STEPS]
-    assert [e["weights_version"] for e in evals] == list(range(1, 11))
+    assert [e["weights_version"] for e in evals] == list(range(1, len(STEPS) + 1))
     assert all(0.0 <= e["accuracy"] <= 1.0 and e["n_prompts"] > 0 for e in evals)
     assert len({e["base_accuracy"] for e in evals}) == 1
 
@@ -132,27 +145,31 @@ def test_pipelined_steps_generate_with_the_weights_of_two_steps_back_and_resume_
     assert crashy.latest("lagged", "weights", "0003")["content_hash"] == md[3]["content_hash"]
 
 
+@pytest.mark.numerics
 def test_torchrun_trainer_through_pipes_matches_the_in_process_trainer(lab, on_policy):
     two = lab("torchrun", tiny(name="ddp", trainer={"backend": "torchrun", "nproc_per_node": 2}))
-    result = two.run("ddp", "0000", "0001")
+    result = two.run("ddp", "0000", "0000")
     assert result.success, failure_message(result)
     logs = [e.message for e in two.instance.all_logs(result.run_id)]
     assert any("trainer rank 0 reported" in m and "'world_size': 2" in m for m in logs)
-    # same rollouts (initial weights), gradients equal to float rounding: the same loss, ratio, KL and
-    # gradient norm. (Adam turns rounding-level differences of near-zero gradients into lr-sized steps,
-    # so the adapters themselves are not compared.)
+    # same rollouts (the warm-up's weights), gradients equal within float32's summation bound
+    # (test_lm_ddp): the same loss, ratio, KL and gradient norm to float rounding, rel 1e-5 = 84 eps32.
+    # (Adam turns rounding-level differences of near-zero gradients into lr-sized steps, so the
+    # adapters themselves are not compared.)
     ours, single = two.latest("ddp", "weights", "0000"), on_policy.latest("tiny_grpo", "weights", "0000")
-    assert ours["mean_reward"] == single["mean_reward"]
-    for name in ("ratio", "kl", "grad_norm", "samples_used"):
-        assert ours[name] == pytest.approx(single[name], rel=1e-6, abs=1e-9), name
-    # on-policy the policy term is sum_i A_i r_i with sum_i A_i = 0 per group (rounding of the ratios
-    # around 1 alone); what is left is the KL term, beta x KL to the base (the warm-up moved away from it)
-    beta = on_policy.experiments["tiny_grpo"].grpo.kl_beta
-    assert beta > 0 and ours["kl"] > 0.5
-    assert abs(ours["loss"] - beta * ours["kl"]) < 1e-6 and abs(single["loss"] - beta * single["kl"]) < 1e-6
-    assert ours["ratio_max_dev"] < 1e-5 and single["ratio_max_dev"] < 1e-5
+    assert ours["mean_reward"] == single["mean_reward"] and ours["samples_used"] == single["samples_used"]
+    for name in ("ratio", "kl", "grad_norm"):
+        assert ours[name] == pytest.approx(single[name], rel=1e-5, abs=1e-9), name
+    # on-policy the policy term is mean_i A_i r_i with sum_i A_i = 0 per group: mean_i A_i (r_i - 1), at
+    # most max|A_i| ratio_max_dev <= sqrt(n_samples - 1) ratio_max_dev (a z-score of n values is at most
+    # sqrt(n - 1)); what is left is beta x KL to the base, which the warm-up moved away from
+    exp = on_policy.experiments["tiny_grpo"]
+    assert exp.grpo.kl_beta > 0 and ours["kl"] > 0.5
+    for md in (ours, single):
+        assert md["ratio_max_dev"] < 1e-5
+        assert abs(md["loss"] - exp.grpo.kl_beta * md["kl"]) <= (exp.n_samples - 1) ** 0.5 * md["ratio_max_dev"] + 1e-7
     # the world size is an input of the weights' key: the two runs never share a weights artifact
-    assert two.latest("ddp", "weights", "0000")["artifact_key"] != on_policy.latest("tiny_grpo", "weights", "0000")["artifact_key"]
+    assert ours["artifact_key"] != single["artifact_key"]
 
 
 def _stored_rollouts(lab, step: str):
@@ -163,6 +180,7 @@ def _stored_rollouts(lab, step: str):
     return lab.store().get_model("rollouts", key, Rollouts[LMRollout]).trajectories
 
 
+@pytest.mark.numerics
 def test_flaky_trials_are_retried_one_by_one_and_end_as_a_clean_run(lab, on_policy):
     """Retried trials are generated in other batches than in a clean run: they sample the same tokens,
     and their log-probs, and what is trained from them, agree to float rounding. (Bitwise equality
@@ -199,6 +217,7 @@ def test_a_trial_that_fails_after_its_retries_is_skipped_not_the_step(lab):
     assert md["n_trials_planned"] == 64 and md["samples_used"] == md["n_trials"]
 
 
+@pytest.mark.numerics
 def test_kl_to_the_warm_up_through_the_in_process_trainer_that_keeps_its_policy_loaded(lab):
     """`kl_reference: sft`: the warm-up's adapter is the KL term's reference. The in-process trainer
     keeps one policy loaded across steps, with the reference as a frozen second adapter beside the

@@ -2,6 +2,8 @@
 
 import statistics
 
+import pytest
+
 from dagster_rl.lm.evaluation import evaluate
 from dagster_rl.lm.in_memory import inprocess_step
 from dagster_rl.lm.policy import make_optimizer
@@ -12,6 +14,7 @@ from tests.lm_fixtures import RUBRIC, fresh_policy, tiny_dir  # noqa: F401
 STEPS = 8
 
 
+@pytest.mark.numerics
 def test_tiny_model_learns_in_a_few_steps(tiny_dir):
     policy = fresh_policy(tiny_dir)
     grpo = GRPOLMSettings(learning_rate=0.01, kl_beta=0.01, clip_eps=0.2, max_grad_norm=1.0)

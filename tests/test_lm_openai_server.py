@@ -26,7 +26,7 @@ from dagster_rl.store import ArtifactStore
 from dagster_rl.task import Endpoint
 from dagster_rl.vllm_client import ServerSampling
 from resources import RolloutEnvironment
-from tests.conftest import shipped_settings
+from tests.conftest import TINY_PLUMBING, shipped_settings
 from tests.harness import failure_message
 from tests.serve_process import ServeProcess, serve_command
 from tests.servers import free_port
@@ -35,7 +35,7 @@ TINY = "builtin:tiny-qwen2"
 
 
 def tiny(**overrides) -> dict:
-    return shipped_settings("tiny_grpo", **overrides)
+    return shipped_settings("tiny_grpo", **{**TINY_PLUMBING, **overrides})
 
 
 # vLLM's LoRA adapts no lm_head: an openai_server experiment may not target it (tiny_grpo's does)
@@ -239,7 +239,7 @@ def test_a_crash_mid_range_resumes_with_the_behavior_version_on_the_server_that_
     served_now = {c["id"]: c["root"] for c in server.client.models() if c["parent"]}
     assert served_now == {"tiny_grpo-v2": weights_dir + key["0001"]}  # older versions unloaded
     # The server batches whatever requests arrive together, so log-probs agree with the clean run's to
-    # float rounding, not bit for bit (README, numerics). Step 0000 samples the initial weights in
+    # float rounding, not bit for bit (docs/language-models.md, numerics). Step 0000 samples the initial weights in
     # both runs: the same tokens, the update to float rounding. Later steps sample each run's own
     # weights, which Adam moved by up to the learning rate where a gradient was rounding-sized: a
     # token may flip where a uniform falls that close to a boundary, so they agree in numbers only.

@@ -1,5 +1,6 @@
 """The tiny model, the initial policy, and checkpoints that resume training bit for bit."""
 
+import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -138,6 +139,7 @@ def test_generation_recycles_loaded_policies_into_the_bytes_of_fresh_ones(tiny_d
     assert outcomes[0] != outcomes[1] != outcomes[2]
 
 
+@pytest.mark.numerics
 def test_sampling_folds_the_adapter_into_copies_and_puts_the_base_back_bit_for_bit(tiny_dir):
     policy = fresh_policy(tiny_dir)
     optimizer = make_optimizer(policy, GRPO)

@@ -9,7 +9,7 @@ from dagster_rl.lm.reference import adapter_reference, base_reference
 from dagster_rl.lm.settings import GRPOLMSettings
 from dagster_rl.lm.trainer import TrainMetrics, build_samples, train_step
 from dagster_rl.lm.worker import GRADS, METRICS, TrainBatch, TrainJob, launch_torchrun, write_job
-from tests.lm_fixtures import GRPO, fresh_policy, policy_settings, run, step_batch, tiny_dir  # noqa: F401
+from tests.lm_fixtures import EPS32, GRPO, assert_within_summation_bound, fresh_policy, gradient_terms, policy_settings, positions, run, step_batch, tiny_dir  # noqa: F401
 
 KL_GRPO = GRPOLMSettings(**{**GRPO.model_dump(), "kl_beta": 0.5})
 IDS = torch.tensor([[5, 6, 7, 8, 9]])
@@ -53,6 +53,7 @@ def test_switching_to_the_reference_adapter_and_back_leaves_the_trained_one_as_i
         assert torch.equal(logits(policy), own)  # a fresh adapter is the base
 
 
+@pytest.mark.numerics
 def test_kl_to_a_reference_equal_to_the_policy_is_zero_and_to_the_base_is_not(tiny_dir, warm):
     policy = fresh_policy(tiny_dir, warm)
     rollouts, rewards = step_batch(policy, step=3)
@@ -62,10 +63,15 @@ def test_kl_to_a_reference_equal_to_the_policy_is_zero_and_to_the_base_is_not(ti
     again = fresh_policy(tiny_dir, warm)
     to_base = train_step(again, make_optimizer(again, KL_GRPO, warm), samples, len(samples), KL_GRPO, facts)
     assert to_itself.kl == 0.0 and to_base.kl > 0.0
-    assert to_itself.ratio == to_base.ratio == 1.0
+    # on-policy: the same policy forward in both (the reference changes the KL term only), and a ratio of
+    # 1 up to the sampler's rounding against the trainer's (a mean of token ratios lies within their
+    # largest deviation, plus the mean's own rounding, eps32)
+    assert to_itself.ratio == to_base.ratio and to_itself.ratio_max_dev == to_base.ratio_max_dev < 1e-5
+    assert abs(to_itself.ratio - 1.0) <= to_itself.ratio_max_dev + EPS32
 
 
-def test_two_rank_step_with_a_reference_adapter_equals_single_process(tiny_dir, warm, tmp_path):
+@pytest.mark.numerics
+def test_two_rank_step_with_a_reference_adapter_equals_single_process(tiny_dir, warm, tmp_path, record_property):
     """The reference adapter is added before DDP wraps the model; its switches happen outside DDP's forward."""
     current = _trained(tiny_dir, steps=2)
     policy = fresh_policy(tiny_dir, current)
@@ -87,11 +93,12 @@ def test_two_rank_step_with_a_reference_adapter_equals_single_process(tiny_dir, 
 
     grads = {}
     samples, facts = build_samples(rollouts, rewards, KL_GRPO.advantage_eps)
-    single = train_step(policy, make_optimizer(policy, KL_GRPO, current), samples, len(samples), KL_GRPO, facts,
-                        on_grads=grads.update, reference=adapter_reference(policy, warm))
+    with gradient_terms(policy) as terms:
+        single = train_step(policy, make_optimizer(policy, KL_GRPO, current), samples, len(samples), KL_GRPO, facts,
+                            on_grads=grads.update, reference=adapter_reference(policy, warm))
     assert dist.world_size == 2 and dist.kl > 0.0
     for field in ("loss", "ratio", "kl", "grad_norm"):
         assert getattr(dist, field) == pytest.approx(getattr(single, field), rel=1e-5, abs=1e-8), field
     assert set(dist_grads) == set(grads)  # only the trained adapter has gradients, on every rank
-    for name, g in grads.items():
-        torch.testing.assert_close(dist_grads[name], g, rtol=1e-5, atol=1e-8)
+    worst = assert_within_summation_bound(dist_grads, grads, terms, positions(samples))  # summation order alone (test_lm_ddp)
+    record_property("grad_diff", f"{worst:.2f}/{positions(samples) - 1} eps32*sum|terms|")

@@ -17,6 +17,7 @@ from tests.lm_fixtures import GRPO, SAMPLING, fresh_policy, step_batch, tiny_dir
 LOGP_ATOL = 1e-5
 
 
+@pytest.mark.numerics
 def test_retried_rollout_is_token_identical_in_any_batch(tiny_dir):
     policy = fresh_policy(tiny_dir)
     ps = load_prompt_set(SyntheticPrompts(ops=("copy", "add", "last"), n_eval=10))
@@ -40,6 +41,7 @@ def test_retried_rollout_is_token_identical_in_any_batch(tiny_dir):
     assert len({tuple(r.completion_token_ids) for r in first.values()}) > 12
 
 
+@pytest.mark.numerics
 def test_sampler_records_the_log_prob_of_each_token_it_draws(tiny_dir):
     """The recorded log-probs are log softmax(logits / T) of the drawn tokens, before top-p, where the
     logits are those of the sequence so far: a forward of the whole sequence gives them again."""
@@ -65,6 +67,7 @@ def test_sampler_records_the_log_prob_of_each_token_it_draws(tiny_dir):
     assert greedy.logprobs == pytest.approx(torch.log_softmax(logits, -1).max(-1).values.tolist(), abs=LOGP_ATOL)
 
 
+@pytest.mark.numerics
 def test_on_policy_ratio_is_one_within_float_rounding_and_first_kl_is_exactly_zero(tiny_dir):
     policy = fresh_policy(tiny_dir)
     optimizer = make_optimizer(policy, GRPO)

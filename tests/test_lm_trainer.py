@@ -9,11 +9,8 @@ from dagster_rl.lm.logprobs import completion_logprobs, pack, packed_logprobs
 from dagster_rl.lm.policy import checkpoint_bytes, make_optimizer
 from dagster_rl.lm.settings import GRPOLMSettings
 from dagster_rl.lm.trainer import TrainSample, build_samples, micro_batches, train_step
-from tests.lm_fixtures import GRPO, fresh_policy, step_batch, tiny_dir  # noqa: F401
+from tests.lm_fixtures import GRPO, assert_within_summation_bound, fresh_policy, gradient_terms, positions, step_batch, tiny_dir  # noqa: F401
 
-# Gradients of the same loss summed in another order (micro-batches vs one sample at a time) differ
-# by float32 rounding: measured max |diff| ~1e-9 against gradients ~1e-2 here.
-GRAD_RTOL, GRAD_ATOL = 1e-5, 1e-7
 STALE = GRPOLMSettings(**{**GRPO.model_dump(), "kl_beta": 0.5, "clip_eps": 0.05})
 
 
@@ -102,20 +99,21 @@ def _per_sample_gradient(tiny_dir, files, samples):
     [(1, False), (64, False), (10**6, False), (64, True)],
     ids=["one-sample-each", "a-few-each", "one-micro-batch", "a-few-each-recomputed"],
 )
-def test_micro_batched_gradient_equals_the_per_sample_gradient(tiny_dir, stale_batch, budget, checkpointing):
+@pytest.mark.numerics
+def test_micro_batched_gradient_equals_the_per_sample_gradient(tiny_dir, stale_batch, budget, checkpointing, record_property):
     files, samples, facts = stale_batch
     expected, per_sample = _per_sample_gradient(tiny_dir, files, samples)
     policy = fresh_policy(tiny_dir, files)
     grpo = STALE.model_copy(update={"micro_batch_tokens": budget, "activation_checkpointing": checkpointing})
     grads = {}
-    metrics = train_step(policy, make_optimizer(policy, grpo, files), samples, len(samples), grpo, facts, on_grads=grads.update)
+    with gradient_terms(policy) as terms:
+        metrics = train_step(policy, make_optimizer(policy, grpo, files), samples, len(samples), grpo, facts, on_grads=grads.update)
     n_batches = len(micro_batches(samples, budget))
     assert n_batches == {1: len(samples), 10**6: 1}.get(budget, n_batches) and (budget != 64 or 1 < n_batches < len(samples))
     assert sum(float(g.norm()) for g in grads.values()) > 1e-3
-    worst = 0.0
-    for name, g in expected.items():
-        torch.testing.assert_close(grads[name], g, rtol=GRAD_RTOL, atol=GRAD_ATOL, msg=lambda m: f"{name}: {m}")
-        worst = max(worst, float((grads[name] - g).abs().max()))
+    # the same per-position terms summed in another order: micro-batches vs one sample at a time
+    worst = assert_within_summation_bound(grads, expected, terms, positions(samples))
+    record_property("grad_diff", f"{worst:.2f}/{positions(samples) - 1} eps32*sum|terms|")
     n = len(samples)
     assert metrics.loss == pytest.approx(sum(s.loss for s in per_sample) / n, rel=1e-5)
     assert metrics.ratio == pytest.approx(sum(s.ratio for s in per_sample) / n, rel=1e-6)
@@ -124,7 +122,7 @@ def test_micro_batched_gradient_equals_the_per_sample_gradient(tiny_dir, stale_b
     assert metrics.ratio_max_dev == pytest.approx(max(s.ratio_max_dev for s in per_sample), rel=1e-5)
     assert metrics.kl > 0 and metrics.clip_frac > 0 and metrics.ratio_max_dev > STALE.clip_eps
     assert policy.model.get_base_model().is_activation_checkpointing == checkpointing
-    print(f"budget {budget}, checkpointing {checkpointing}: {n_batches} micro-batches, max |grad - per-sample grad| {worst:.1e}")
+    print(f"budget {budget}, checkpointing {checkpointing}: {n_batches} micro-batches, worst |grad - per-sample grad| {worst:.2f} eps32 sum|terms|")
 
 
 def test_the_same_plan_trains_the_same_bytes(tiny_dir, stale_batch):

@@ -71,7 +71,7 @@ def test_make_demo_prints_a_line_per_step_and_the_table(tmp_path):
 
 
 def test_a_range_after_a_gap_prints_the_error_and_its_fix_on_the_terminal_and_the_traceback_in_the_run(tmp_path):
-    """Issue 19, point 1: the README's command (`dagster asset materialize` with the concise console)
+    """Issue 19, point 1: the documented command (`dagster asset materialize` with the concise console)
     for a range that starts after a gap: the terminal says why and what to do, in a few lines."""
     home, env = home_with(tmp_path, demo_settings())
     done = subprocess.run(

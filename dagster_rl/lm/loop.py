@@ -43,7 +43,7 @@ from dagster_rl.task import Backends, StepAsset, StepResult, Warn, WarmupResult,
 
 CODE_VERSIONS = {
     "initial": "lora-init-1",
-    "warmup": "sft-lora-1",
+    "warmup": "sft-lora-2",  # 2: stops at warmup.target_accuracy
     "rollouts": "hf-rollouts-2",  # 2: behavior log-probs recorded by the sampler
     "rewards": "lm-rubric-1",
     "weights": "grpo-lora-3",  # 2: packed micro-batches; 3: the trainer reports logp_max_dev (on_policy)
@@ -134,15 +134,22 @@ class LMLoop:
         """The supervised warm-up's adapter (and its `WarmupStats`), computed once per content key."""
         if exp.warmup is None:
             raise ValueError(f"experiment {exp.name} has no warmup section")
+        # the check that stops it at a target accuracy scores like the held-out evaluation
+        check = {"rubric": exp.rubric, "max_new_tokens": exp.eval_max_new_tokens} if exp.warmup.target_accuracy else None
         key = cache_key(
-            "weights", CODE_VERSIONS["warmup"], policy=exp.policy, warmup=exp.warmup, source=exp.task.source, seed=exp.seed
+            "weights", CODE_VERSIONS["warmup"], policy=exp.policy, warmup=exp.warmup, source=exp.task.source, seed=exp.seed, check=check
         )
 
         def compute() -> dict[str, bytes]:
             counters.bump("warmups")
             prompts = load_prompt_set(exp.task.source)
+
+            def accuracy(policy, items) -> float:
+                held = PromptSet(train=[], eval=list(items), template=prompts.template)
+                return evaluate(policy, held, exp.rubric, exp.eval_max_new_tokens).accuracy
+
             with torch_threads(exp.trainer.threads_per_process):  # a training job, sized like the trainer's
-                files, stats = warm_up(load_policy(exp.policy), prompts.train, prompts.template, exp.warmup, exp.seed)
+                files, stats = warm_up(load_policy(exp.policy), prompts.train, prompts.template, exp.warmup, exp.seed, accuracy)
             return {**files, WARMUP: canonical_json(stats)}
 
         return store.get_or_put_files("weights", key, compute)
@@ -169,6 +176,7 @@ class LMLoop:
                 "first_loss": stats.losses[0],
                 "final_loss": stats.losses[-1],
                 "answer_tokens": stats.tokens,
+                **({"check_accuracy": stats.checks[-1][1]} if stats.checks else {}),  # what stopped it, on training prompts
                 "warmup_s": time.monotonic() - t0,
             },
         )

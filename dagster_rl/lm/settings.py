@@ -102,8 +102,18 @@ class WarmupSettings(Strict):
     """Supervised fine-tuning of the adapter before step 0 (the `<exp>/sft` asset)."""
 
     demos: int = Field(64, ge=1, le=1_000_000, description="worked answers drawn from the training split")
-    steps: int = Field(20, ge=1, le=1_000_000, description="optimizer steps")
+    steps: int = Field(20, ge=1, le=1_000_000, description="optimizer steps (at most, with `target_accuracy`)")
     batch_size: int = Field(16, ge=1, le=65_536, description="demonstrations per step")
     learning_rate: float = Field(3e-3, gt=0.0, le=bounds.MAX_LEARNING_RATE, description="AdamW's, on the adapter")
     weight_decay: float = Field(0.0, ge=0.0, le=bounds.MAX_WEIGHT_DECAY, description="AdamW's")
     max_grad_norm: float = Field(1.0, gt=0.0, le=bounds.MAX_GRAD_NORM, description="the gradient's global norm is clipped to this")
+    target_accuracy: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="stop once greedy accuracy on `check_prompts` training prompts that are not demonstrations reaches "
+        "this (checked every `check_every` steps): a start that leaves GRPO room to learn on every machine, where a "
+        "fixed step count lands anywhere from a little to nearly all of the task depending on the CPU's rounding",
+    )
+    check_every: int = Field(10, ge=1, le=1_000_000, description="steps between two checks of `target_accuracy`")
+    check_prompts: int = Field(100, ge=1, le=1_000_000, description="training prompts, never demonstrations, of each check")

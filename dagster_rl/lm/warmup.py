@@ -8,12 +8,19 @@ token only (the prompt is context). Step 0 of the GRPO chain starts from that ad
 optimizer starts fresh (the warm-up's moments are not carried over), and the adapter's version stays
 0: versions count GRPO updates.
 
+With `target_accuracy`, the warm-up stops early: every `check_every` steps it measures greedy accuracy
+on `check_prompts` training prompts that are not demonstrations (never a held-out prompt), and stops
+at the first check that reaches the target. How fast SFT on a few demonstrations generalizes depends
+on the last bits of every step (the CPU's kernels round differently, and 100 steps amplify that), so a
+fixed step count can leave one machine at half the task and another at nearly all of it; stopping at a
+target leaves GRPO the same room to learn on every machine.
+
 Deterministic: the demonstrations and their order are drawn from (experiment seed, "warmup"), the
 adapter's init from its LoRA seed, so the warm-up computes the same bytes in every run on a machine.
 """
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from dagster_rl.errors import DagsterRLError
@@ -38,6 +45,7 @@ class WarmupStats(Record):
     demos: list[str]  # prompt ids, in the order drawn
     losses: list[float]  # per step: mean cross-entropy per answer token
     tokens: int  # answer tokens per epoch over the demonstrations
+    checks: list[tuple[int, float]] = []  # (steps done, greedy accuracy on the check prompts), with target_accuracy
 
 
 def draw_demos(train: Sequence[PromptItem], seed: int, n: int) -> list[PromptItem]:
@@ -49,6 +57,21 @@ def draw_demos(train: Sequence[PromptItem], seed: int, n: int) -> list[PromptIte
             "answer; lower warmup.demos"
         )
     return random.Random(seed_of(seed, "warmup", "demos")).sample(usable, n)
+
+
+def draw_check_prompts(train: Sequence[PromptItem], demos: Sequence[PromptItem], seed: int, n: int) -> list[PromptItem]:
+    """`n` distinct training items that are not demonstrations: what `target_accuracy` is checked on."""
+    taken = {it.id for it in demos}
+    rest = [it for it in train if it.id not in taken]
+    if len(rest) < n:
+        raise WarmupError(
+            f"the warm-up checks its accuracy on {n} training prompts that are not demonstrations, but the training "
+            f"split has {len(rest)} left after the {len(demos)} demonstrations; lower warmup.check_prompts or warmup.demos"
+        )
+    return random.Random(seed_of(seed, "warmup", "check")).sample(rest, n)
+
+
+Check = Callable[[Policy, Sequence[PromptItem]], float]  # greedy accuracy of the policy on these prompts
 
 
 def demo_tokens(policy: Policy, item: PromptItem, template: str) -> tuple[list[int], list[int]]:
@@ -75,9 +98,16 @@ def batch_loss(model: torch.nn.Module, batch: list[tuple[list[int], list[int]]],
     return -(logp * chosen).sum(), int(chosen.sum())
 
 
-def warm_up(policy: Policy, items: Sequence[PromptItem], template: str, settings: WarmupSettings, seed: int) -> tuple[dict[str, bytes], WarmupStats]:
-    """Fit the policy's adapter to the demonstrations; return its checkpoint files and the stats."""
+def warm_up(
+    policy: Policy, items: Sequence[PromptItem], template: str, settings: WarmupSettings, seed: int, check: Check | None = None
+) -> tuple[dict[str, bytes], WarmupStats]:
+    """Fit the policy's adapter to the demonstrations; return its checkpoint files and the stats.
+    With `settings.target_accuracy`, `check` measures the accuracy that stops it."""
     demos = draw_demos(items, seed, settings.demos)
+    if settings.target_accuracy is not None and check is None:
+        raise ValueError("warmup.target_accuracy needs a check: the accuracy of the policy on prompts")
+    held = draw_check_prompts(items, demos, seed, settings.check_prompts) if settings.target_accuracy is not None else []
+    checks: list[tuple[int, float]] = []
     examples = [demo_tokens(policy, it, template) for it in demos]
     params = [p for _, p in policy.trainable()]
     optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=settings.weight_decay, foreach=False)
@@ -88,7 +118,7 @@ def warm_up(policy: Policy, items: Sequence[PromptItem], template: str, settings
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
         torch.manual_seed(seed_of(seed, "warmup", "dropout"))
-        for _ in range(settings.steps):
+        for step in range(1, settings.steps + 1):
             while len(queue) < settings.batch_size:  # epochs of a fresh permutation each
                 queue += order.sample(range(len(examples)), len(examples))
             picked, queue = queue[: settings.batch_size], queue[settings.batch_size :]
@@ -98,11 +128,17 @@ def warm_up(policy: Policy, items: Sequence[PromptItem], template: str, settings
             torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
             optimizer.step()
             losses.append(float(total.detach()) / count)
+            if held and step % settings.check_every == 0:
+                checks.append((step, check(policy, held)))
+                policy.mode(training=True)
+                if checks[-1][1] >= settings.target_accuracy:
+                    break
     policy.mode(training=False)
     files = checkpoint_bytes(policy, None)  # version 0, no optimizer moments: GRPO starts its own
     stats = WarmupStats(
         demos=[it.id for it in demos],
         losses=losses,
         tokens=sum(len(a) for _, a in examples),
+        checks=checks,
     )
     return files, stats
