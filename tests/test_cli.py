@@ -59,8 +59,9 @@ def imported_by(home, *argv: str) -> list[str]:
 
 
 def test_help_and_status_import_neither_torch_nor_kubernetes(tmp_path):
-    """`dagster-rl --help` and `status` answer without torch, peft, transformers (the language models'
+    """`dagster-rl --help`, `serve --help` and `status` answer without torch, peft, transformers (the language models'
     modules) or Kubernetes' client; `--help` without Dagster. (How fast: bench/cli_startup.py.)"""
     assert imported_by(tmp_path, "--help") == []
     assert imported_by(tmp_path, "status", "demo") == ["dagster"]
     assert imported_by(tmp_path, "runs", "demo") == ["dagster"]
+    assert imported_by(tmp_path, "serve", "--help") == []  # a task's command: its server's module loads when it runs

@@ -76,7 +76,7 @@ def _k8s(exp: LMExperiment, env: TrainerEnv):
 
 
 def _serve_arguments(parser):
-    from dagster_rl.lm.serve import add_arguments
+    from dagster_rl.lm.serve_cli import add_arguments
 
     add_arguments(parser)
 
