@@ -1,5 +1,6 @@
 """`dagster-rl serve` as the tests run it: a subprocess on 127.0.0.1 and a free port."""
 
+import json
 import os
 import signal
 import subprocess
@@ -7,6 +8,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from dagster_rl.http_json import EndpointError, JSONEndpoint
 from dagster_rl.vllm_client import VLLMClient
 from tests.servers import REPO, executable, free_port
 
@@ -48,3 +50,13 @@ class ServeProcess:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(30)
         self.proc = None
+
+
+def post(server: "ServeProcess", path: str, body, timeout_s: float = 600) -> tuple[int | None, object]:
+    """POST `body` as JSON to the server's /v1`path`: (200, the reply's JSON or text), or (the status, its JSON error)."""
+    with JSONEndpoint(server.base_url, timeout_s=timeout_s, who="test") as http:
+        try:
+            payload, raw = http.call_json("POST", path, body)
+            return 200, payload if payload is not None else raw.decode()
+        except EndpointError as e:
+            return e.status, json.loads(e.body)

@@ -3,7 +3,6 @@ the API's shapes, token-for-token equality with the `hf` engine through the driv
 failures, a server the rollout environment starts and stops, and a crash + resume on a server that
 stays up."""
 
-import json
 import re
 
 import pytest
@@ -28,7 +27,7 @@ from dagster_rl.vllm_client import ServerSampling
 from resources import RolloutEnvironment
 from tests.conftest import TINY_PLUMBING, shipped_settings
 from tests.harness import failure_message
-from tests.serve_process import ServeProcess, serve_command
+from tests.serve_process import ServeProcess, post, serve_command
 from tests.servers import free_port
 
 TINY = "builtin:tiny-qwen2"
@@ -61,15 +60,6 @@ def server(tmp_path_factory):
 def rollouts_of(lab, name: str, step: str) -> Rollouts[LMRollout]:
     key = lab.latest(name, "rollouts", step)["artifact_key"]
     return lab.store().get_model("rollouts", key, Rollouts[LMRollout])
-
-
-def post(server, path: str, body) -> tuple[int | None, object]:
-    with JSONEndpoint(server.base_url, timeout_s=30, who="test") as http:
-        try:
-            payload, raw = http.call_json("POST", path, body)
-            return 200, payload if payload is not None else raw.decode()
-        except EndpointError as e:
-            return e.status, json.loads(e.body)
 
 
 def test_the_server_speaks_vllms_api_and_samples_as_the_engine(server):

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from dagster_rl.http_json import EndpointError, JSONEndpoint
 from dagster_rl.lm.policy import ADAPTER, ADAPTER_CONFIG, checkpoint_bytes, load_policy, save_checkpoint
 from dagster_rl.lm.serve import (
     APIError,
@@ -36,7 +35,7 @@ from dagster_rl.lm.serve import (
 )
 from dagster_rl.lm.settings import LoRASettings, PolicySettings
 from dagster_rl.vllm_client import ServerSampling, VLLMClient
-from tests.serve_process import ServeProcess
+from tests.serve_process import ServeProcess, post
 
 TINY = "builtin:tiny-qwen2"
 PROMPT = [3, 9, 11, 4]
@@ -329,15 +328,6 @@ def test_a_running_batch_stops_once_every_request_is_cancelled(engine):
 def server(tmp_path_factory, root):
     with ServeProcess(tmp_path_factory.mktemp("serve"), adapter_roots=[str(root)], extra=["--max-batch", "8"]) as s:
         yield s
-
-
-def post(server, path: str, body) -> tuple[int | None, object]:
-    with JSONEndpoint(server.base_url, timeout_s=600, who="test") as http:
-        try:
-            payload, raw = http.call_json("POST", path, body)
-            return 200, payload if payload is not None else raw.decode()
-        except EndpointError as e:
-            return e.status, json.loads(e.body)
 
 
 def complete(server, **fields) -> tuple[int | None, object]:
