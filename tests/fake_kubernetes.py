@@ -416,7 +416,9 @@ class FakeKubernetes:
         if (job.number, pod.index) in self.crash:
             command = [sys.executable, "-c", "import sys; print('node lost', flush=True); sys.exit(137)"]
         process_env = {"PATH": f"{self.extra_path}{os.pathsep}{os.environ.get('PATH', '')}", "HOME": os.environ.get("HOME", "/tmp"), **env}
-        for key in ("HF_HUB_OFFLINE", "DAGSTER_RL_MODEL_CACHE", "TMPDIR"):
+        # the node's CPU is this machine's: its kernel setting too (ATEN_CPU_CAPABILITY stands for the CPU a
+        # real node would have), or pods compared bit for bit with local processes would round differently
+        for key in ("HF_HUB_OFFLINE", "DAGSTER_RL_MODEL_CACHE", "TMPDIR", "ATEN_CPU_CAPABILITY"):
             if key in os.environ:
                 process_env[key] = os.environ[key]
         pod.proc = subprocess.Popen(command, cwd=REPO, env=process_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
