@@ -66,6 +66,15 @@ def run(cmd: list[str], timeout: float = 120, env: dict[str, str] | None = None)
 
 PYTHON = sys.executable
 EPS32 = torch.finfo(torch.float32).eps
+# How far from 1 an on-policy importance ratio may be in float32: the sampler and the trainer compute
+# the same log-probs with other batch shapes (padding, batch size, the KV cache's step-by-step
+# attention against one packed pass), so each dot product is summed in another order, within
+# (n - 1) eps32 sum|terms| for n up to 4 x hidden = 256 in the tiny models (255 eps32 = 3e-5 of
+# sum|terms|), compounded over 2 layers and the log-softmax. Measured: <= 1e-6 with AVX-512 and AVX2
+# kernels, 1.4e-5 with ATEN_CPU_CAPABILITY=default (retried trials, generated in other batches). An
+# off-policy step is far above it: 1e-3 and more one step behind, 0.59-1.04 sampled from a generation
+# config's truncated distribution.
+ON_POLICY_ROUNDING = 1e-4
 
 
 @contextmanager

@@ -8,6 +8,7 @@ from dagster_rl import counters
 from dagster_rl.experiment import step_key
 from tests.conftest import TINY_PLUMBING, shipped_settings
 from tests.harness import failure_message
+from tests.lm_fixtures import ON_POLICY_ROUNDING
 
 STEPS = [step_key(i) for i in range(4)]
 CHAIN = ("rollouts", "rewards", "weights", "evaluation")
@@ -40,13 +41,14 @@ def test_every_step_materializes_all_four_assets_in_order(on_policy):
         assert [e.asset_materialization.partition for e in on_policy.events("tiny_grpo", asset)] == STEPS, asset
 
 
+@pytest.mark.numerics
 def test_every_step_trains_on_policy_within_rounding(on_policy):
     md = [on_policy.latest("tiny_grpo", "weights", s) for s in STEPS]
     # step 0 samples with the warm-up's adapter and trains from it; the KL term's reference is the
     # base (kl_reference: base), which the warm-up has moved away from
     assert md[0]["kl"] > 0.5
     # on-policy every step: the sampler's log-probs against the trainer's, float rounding apart
-    assert all(0.0 <= m["ratio_max_dev"] < 1e-5 for m in md), [m["ratio_max_dev"] for m in md]
+    assert all(0.0 <= m["ratio_max_dev"] < ON_POLICY_ROUNDING for m in md), [m["ratio_max_dev"] for m in md]
     assert all(m["policy_lag"] == 0.0 for m in md)
     assert [m["weights_version"] for m in md] == list(range(1, len(STEPS) + 1))
     assert all(m["n_trials"] == 64 and 0.0 <= m["mean_reward"] <= 1.1 for m in md)
@@ -136,7 +138,7 @@ def test_pipelined_steps_generate_with_the_weights_of_two_steps_back_and_resume_
     md = [ref.latest("lagged", "weights", s) for s in STEPS[:4]]
     assert [m["policy_lag"] for m in md] == [0.0, 1.0, 1.0, 1.0]
     # on-policy: 1 within rounding; stale samples: the importance ratio corrects
-    assert md[0]["ratio_max_dev"] < 1e-5 and md[1]["ratio_max_dev"] > 1e-3
+    assert md[0]["ratio_max_dev"] < ON_POLICY_ROUNDING and md[1]["ratio_max_dev"] > 1e-3
 
     crashy = lab("lag_crash", tiny(name="lagged", max_policy_lag=1, faults={"crash_driver_at_step": 1}))
     assert not crashy.run("lagged", "0000", "0003", raise_on_error=False).success
@@ -167,7 +169,7 @@ def test_torchrun_trainer_through_pipes_matches_the_in_process_trainer(lab, on_p
     exp = on_policy.experiments["tiny_grpo"]
     assert exp.grpo.kl_beta > 0 and ours["kl"] > 0.5
     for md in (ours, single):
-        assert md["ratio_max_dev"] < 1e-5
+        assert md["ratio_max_dev"] < ON_POLICY_ROUNDING
         assert abs(md["loss"] - exp.grpo.kl_beta * md["kl"]) <= (exp.n_samples - 1) ** 0.5 * md["ratio_max_dev"] + 1e-7
     # the world size is an input of the weights' key: the two runs never share a weights artifact
     assert ours["artifact_key"] != single["artifact_key"]
@@ -202,7 +204,7 @@ def test_flaky_trials_are_retried_one_by_one_and_end_as_a_clean_run(lab, on_poli
         assert md["mean_reward"] == clean["mean_reward"] and md["success_rate"] == clean["success_rate"]
         for name in ("ratio", "kl", "grad_norm"):
             assert md[name] == pytest.approx(clean[name], rel=1e-4, abs=1e-7), (step, name)
-        assert abs(md["loss"] - clean["loss"]) < 1e-6 and md["ratio_max_dev"] < 1e-5
+        assert abs(md["loss"] - clean["loss"]) < 1e-6 and md["ratio_max_dev"] < ON_POLICY_ROUNDING
         print(step, "max |logp flaky - clean|", max(abs(x - y) for a, b in zip(ours, theirs) for x, y in zip(a.sampling_logprobs, b.sampling_logprobs)),
               "weights bytes equal:", md["content_hash"] == clean["content_hash"])
 
@@ -229,7 +231,7 @@ def test_kl_to_the_warm_up_through_the_in_process_trainer_that_keeps_its_policy_
     assert kept.run("sftref", "0000", "0002").success
     md = [kept.latest("sftref", "weights", s) for s in ("0000", "0001", "0002")]
     assert md[0]["kl"] < 1e-6 and md[1]["kl"] > 1e-4 and md[2]["kl"] > 1e-4, [m["kl"] for m in md]
-    assert all(m["ratio_max_dev"] < 1e-5 for m in md)
+    assert all(m["ratio_max_dev"] < ON_POLICY_ROUNDING for m in md)
 
     fresh = lab("sftref_torchrun", {**settings, "trainer": {"backend": "torchrun", "nproc_per_node": 1}})
     assert fresh.run("sftref", "0000", "0001").success
