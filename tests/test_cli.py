@@ -15,10 +15,13 @@ def test_status_lists_every_step_with_cache_and_reward(uninterrupted, monkeypatc
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "experiment demo: 8 of 16 steps materialized"
     rows = [line.split() for line in out[2:]]
-    assert [r[0] for r in rows] == [f"{i:04d}" for i in range(9)]
-    assert rows[8] == ["0008", "-"]
+    assert [r[0] for r in rows] == [*(f"{i:04d}" for i in range(8)), "0008...0015"]  # every step of the experiment
+    assert rows[8] == ["0008...0015", "not", "materialized"]
     md = uninterrupted.latest("demo", "weights", "0007")
     assert rows[7][3] == "24/24" and float(rows[7][4]) == round(md["mean_reward"], 3) and rows[7][7] == "8"
+    main(["status", "demo", "--all"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[0] for r in rows] == [f"{i:04d}" for i in range(16)] and rows[15] == ["0015", "not", "materialized"]
 
 
 def test_lineage_walks_every_behavior_policy_back_to_step_0(uninterrupted, monkeypatch, capsys):
