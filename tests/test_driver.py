@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from dagster import AssetKey, FloatMetadataValue, IntMetadataValue
 
 from dagster_rl import counters
