@@ -153,36 +153,25 @@ class GraphQLClient:
             "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
             "runConfigData": {},
         }
-        return self.query_union(
-            """
-            mutation Launch($executionParams: ExecutionParams!) {
-              launchRun(executionParams: $executionParams) {
-                ...ERRORS
-                ... on PythonError { stack }
-                ... on LaunchRunSuccess { run { runId } }
-              }
-            }""",
-            "launchRun",
-            "LaunchRunSuccess",
-            executionParams=params,
-        )["run"]["runId"]
+        return self._launch("launchRun", "executionParams", "ExecutionParams!", params)
 
     def reexecute(self, parent_run_id: str, strategy: str = "ALL_STEPS") -> str:
         """A run page's *Re-execute all* (strategy ALL_STEPS) or *from failure*: `launchPipelineReexecution`
         with the parent run's id, as the UI sends it; returns the new run's id."""
-        return self.query_union(
-            """
-            mutation Reexecute($reexecutionParams: ReexecutionParams) {
-              launchPipelineReexecution(reexecutionParams: $reexecutionParams) {
+        params = {"parentRunId": parent_run_id, "strategy": strategy, "extraTags": [{"key": "dagster/from_ui", "value": "true"}]}
+        return self._launch("launchPipelineReexecution", "reexecutionParams", "ReexecutionParams", params)
+
+    def _launch(self, mutation: str, argument: str, argument_type: str, params: dict[str, Any]) -> str:
+        """A mutation that launches one run, given `params` as its `argument`; the run's id."""
+        text = f"""
+            mutation Launch($params: {argument_type}) {{
+              {mutation}({argument}: $params) {{
                 ...ERRORS
-                ... on PythonError { stack }
-                ... on LaunchRunSuccess { run { runId } }
-              }
-            }""",
-            "launchPipelineReexecution",
-            "LaunchRunSuccess",
-            reexecutionParams={"parentRunId": parent_run_id, "strategy": strategy, "extraTags": [{"key": "dagster/from_ui", "value": "true"}]},
-        )["run"]["runId"]
+                ... on PythonError {{ stack }}
+                ... on LaunchRunSuccess {{ run {{ runId }} }}
+              }}
+            }}"""
+        return self.query_union(text, mutation, "LaunchRunSuccess", params=params)["run"]["runId"]
 
     # ---- reading ---------------------------------------------------------------------------
 
