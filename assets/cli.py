@@ -6,11 +6,11 @@ OpenAI-compatible API).
 `train` runs a range of steps as one run of the experiment's `<exp>_train` job of the workspace's
 code location (in this process: no daemon needed; the UI shows it as a run it launched), after
 checking the experiment, the range and DAGSTER_HOME, and prints the concise console
-(`assets.console`). Artifacts are found by the key
-a materialization records, checked to be a content key, under the store given here: metadata never
-becomes a path, and a moved DAGSTER_HOME or store still works. `status`, `runs`, `lineage` and
-`verify` only read: a bad artifact is reported, never moved; `verify --repair` moves the bad ones to
-the store's quarantine (as a run that reads them would).
+(`assets.console`). Artifacts are found by the key a materialization records, checked to be a
+content key, under the store given here: metadata never becomes a path, and a moved DAGSTER_HOME
+or store still works. `status`, `runs`, `lineage` and `verify` only read: a bad artifact is
+reported, never moved; `verify --repair` moves the bad ones to the store's quarantine (as a run that
+reads them would).
 
 Dagster, torch and the task's heavy modules are imported by the commands that use them, so that
 `--help` and `status` answer at once (`bench/cli_startup.py` measures it).
@@ -197,7 +197,8 @@ def spans_of_missing(rows: list[dict[str, str]]) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     for row in rows:
         last = out[-1] if out else None
-        if row["state"] == NOT_MATERIALIZED and row["step"].isdigit() and last and last["state"] == NOT_MATERIALIZED and last["step"][:4].isdigit():
+        missing = row["state"] == NOT_MATERIALIZED and row["step"].isdigit()  # a step, not the warm-up
+        if missing and last is not None and last["state"] == NOT_MATERIALIZED and last["step"][:4].isdigit():
             out[-1] = {**last, "step": f"{last['step'][:4]}...{row['step']}"}
         else:
             out.append(row)
