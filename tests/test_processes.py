@@ -154,9 +154,11 @@ def test_ctrl_c_cancels_a_dagster_rl_train_run(tmp_path):
     a failed run of the code location's job), and the console says so."""
     home, env = home_with(tmp_path, demo_settings(name="slow", n_steps=8, faults={"step_delay_s": 1.5}))
     train = subprocess.Popen([str(BIN / "dagster-rl"), "train", "slow"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
-    wait_until(lambda: len(weights_steps(home, "slow")) >= 1, 180, 0.3)
+    said = [train.stderr.readline()]
+    while said[-1] and not STEP_LINE.match(said[-1].rstrip("\n")):  # until step 0000's line
+        said.append(train.stderr.readline())
     train.send_signal(signal.SIGINT)
-    _, err = train.communicate(timeout=120)
+    err = "".join(said) + train.communicate(timeout=120)[1]
     assert train.returncode == 1, err
     with DagsterInstance.from_config(str(home)) as instance:
         [run] = instance.get_runs()
