@@ -3,13 +3,14 @@ from the Dagster instance and the artifact store ($DAGSTER_HOME/artifacts unless
 names another fsspec URL); and the subcommands tasks add (`dagster-rl serve`: a model over vLLM's
 OpenAI-compatible API).
 
-`train` runs a range of steps as one run of the experiment's `<exp>_train` job on the instance
-(in this process, as `dagster asset materialize` does), after checking the experiment, the range
-and DAGSTER_HOME, and prints the concise console (`assets.console`). Artifacts are found by the key
-a materialization records, checked to be a content key, under the store given here: metadata never
-becomes a path, and a moved DAGSTER_HOME or store still works. `status`, `runs`, `lineage` and
-`verify` only read: a bad artifact is reported, never moved; `verify --repair` moves the bad ones to
-the store's quarantine (as a run that reads them would).
+`train` runs a range of steps as one run of the experiment's `<exp>_train` job of the workspace's
+code location (in this process: no daemon needed; the UI shows it as a run it launched), after
+checking the experiment, the range and DAGSTER_HOME, and prints the concise console
+(`assets.console`). Artifacts are found by the key a materialization records, checked to be a
+content key, under the store given here: metadata never becomes a path, and a moved DAGSTER_HOME
+or store still works. `status`, `runs`, `lineage` and `verify` only read: a bad artifact is
+reported, never moved; `verify --repair` moves the bad ones to the store's quarantine (as a run that
+reads them would).
 
 Dagster, torch and the task's heavy modules are imported by the commands that use them, so that
 `--help` and `status` answer at once (`bench/cli_startup.py` measures it).
@@ -29,9 +30,9 @@ from dagster_rl.errors import CorruptArtifactError, DagsterRLError, StoreLinkErr
 from dagster_rl.experiment import Experiment, step_key
 from dagster_rl.task import BUILTIN_TASKS, task_of
 
-REPO = Path(__file__).resolve().parent.parent
 BASE_COLUMNS = ("step", "state", "cache", "trials", "mean_reward", "success")
 LAST_COLUMNS = ("weights_v", "attempt")
+NOT_MATERIALIZED = "not materialized"
 
 
 def latest(instance, exp: Experiment, asset: str, step: str | None) -> dict | None:
@@ -67,7 +68,7 @@ def step_rows(instance, exp: Experiment, store=None) -> list[dict[str, str]]:
     for step in exp.step_keys:
         md = latest(instance, exp, "weights", step)
         if md is None:
-            rows.append({"step": step, "state": "-"})
+            rows.append({"step": step, "state": NOT_MATERIALIZED})
             continue
         others = [m for a in extra if (m := latest(instance, exp, a, step)) is not None]  # e.g. its held-out evaluation
         row = {
@@ -103,7 +104,7 @@ def warmup_row(instance, exp: Experiment, columns: dict[str, str]) -> dict[str, 
         return None
     md = latest(instance, exp, spec.name, None)
     if md is None:
-        return {"step": spec.name, "state": "-"}
+        return {"step": spec.name, "state": NOT_MATERIALIZED}
     shown = {c: _shown(md[key]) for c, key in columns.items() if key in md}
     return {"step": spec.name, "state": "materialized", "cache": str(md.get("cache", "")), **shown, "weights_v": "0"}
 
@@ -186,12 +187,22 @@ def cmd_status(args: argparse.Namespace) -> None:
     exp = _experiment(args.experiment)
     with _instance() as instance:
         rows = step_rows(instance, exp, _store(args))
-    if not args.all:
-        last = max((i for i, r in enumerate(rows) if r["state"] != "-"), default=-1)
-        rows = rows[: max(last + 2, 1)]
     done = sum(r["state"] == "materialized" and r["step"].isdigit() for r in rows)
     print(f"experiment {exp.name}: {done} of {exp.n_steps} steps materialized")
-    print(format_table(rows))
+    print(format_table(rows if args.all else spans_of_missing(rows)))
+
+
+def spans_of_missing(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The rows, with each run of consecutive steps not materialized as one row `FIRST...LAST`."""
+    out: list[dict[str, str]] = []
+    for row in rows:
+        last = out[-1] if out else None
+        missing = row["state"] == NOT_MATERIALIZED and row["step"].isdigit()  # a step, not the warm-up
+        if missing and last is not None and last["state"] == NOT_MATERIALIZED and last["step"][:4].isdigit():
+            out[-1] = {**last, "step": f"{last['step'][:4]}...{row['step']}"}
+        else:
+            out.append(row)
+    return out
 
 
 def parse_range(exp: Experiment, text: str | None) -> tuple[int, int]:
@@ -235,23 +246,20 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def _execute(instance, exp: Experiment, first: int, last: int, log_level: str):
-    """One run of `<exp>_train` over first...last, as `dagster asset materialize` runs one: in this
-    process, each step in a child process of the code location's executor."""
+    """One run of `<exp>_train` over first...last, a run of the workspace's code location (the UI's
+    job page, timeline and Re-execute see it), executed in this process as `execute_job` executes
+    one: each step in a child process of the code location's executor (`assets.workspace_run`)."""
     import warnings
 
-    from dagster import execute_job
-    from dagster._core.definitions.reconstruct import ReconstructableRepository
+    from assets.workspace_run import execute_here
 
     with warnings.catch_warnings():  # Dagster's notices about its own API, not about this run
         warnings.simplefilter("ignore", FutureWarning)
-        repository = ReconstructableRepository.for_module("assets.definitions", "defs", working_directory=str(REPO))
-        job = repository.get_reconstructable_job(f"{exp.name}_train")
-        return execute_job(
-            job,
-            instance,
-            run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
-            tags=range_tags(first, last),
-        )
+        config = {"loggers": {"console": {"config": {"log_level": log_level}}}}
+        try:
+            return execute_here(instance, f"{exp.name}_train", config, range_tags(first, last))
+        except DagsterRLError as e:  # the workspace names no code location of this repository: nothing ran
+            sys.exit(f"dagster-rl: {e}")
 
 
 def cmd_runs(args: argparse.Namespace) -> None:
@@ -434,9 +442,9 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("range", nargs="?", help="FIRST...LAST (e.g. 0008...0011) or one step (e.g. 8); default: every step")
     train.add_argument("--log-level", default="INFO", help="the console's level: INFO (a line per step) or DEBUG (every event)")
     train.set_defaults(fn=cmd_train)
-    status = sub.add_parser("status", help="table of an experiment's steps, read from $DAGSTER_HOME")
+    status = sub.add_parser("status", help="table of every step of an experiment, read from $DAGSTER_HOME")
     status.add_argument("experiment")
-    status.add_argument("--all", action="store_true", help="list every step, not just up to the first missing one")
+    status.add_argument("--all", action="store_true", help="a row for every step (default: one row for each span of steps not materialized)")
     status.set_defaults(fn=cmd_status)
     runs = sub.add_parser("runs", help="an experiment's latest runs: id, status, steps, start, and a failed run's error")
     runs.add_argument("experiment")

@@ -2,7 +2,7 @@
 
 Dagster's default console logger prints every event of a run at DEBUG (each step start, output,
 materialization, check). This one prints, one short line each:
-- the run's start (its id, job and range of steps) and its end;
+- the run's start (its id, job and range of steps) and its end (succeeded, failed, canceled);
 - the lines the driver marks for the console (a line per step, progress while a step or a long
   phase runs, which run waits for which);
 - a failed step's error: its type and message, which say what was wrong and what to do, e.g.
@@ -21,7 +21,13 @@ from dagster import DagsterEventType, Field, logger
 from assets.run_tags import run_range
 
 CONSOLE = {"dagster_rl_console": True}  # `extra` of a log call whose line belongs on the console
-_LIFECYCLE = (DagsterEventType.RUN_START, DagsterEventType.RUN_SUCCESS, DagsterEventType.RUN_FAILURE, DagsterEventType.STEP_FAILURE)
+_LIFECYCLE = (
+    DagsterEventType.RUN_START,
+    DagsterEventType.RUN_SUCCESS,
+    DagsterEventType.RUN_FAILURE,
+    DagsterEventType.RUN_CANCELED,
+    DagsterEventType.STEP_FAILURE,
+)
 # Dagster's wrappers around the error user code raised: the error to show is their cause
 _WRAPPERS = {"DagsterExecutionStepExecutionError", "DagsterUserCodeExecutionError", "DagsterResourceFunctionError"}
 
@@ -48,6 +54,8 @@ def event_line(event, run_id: str | None, tags: dict) -> str | None:
         return f"{run} started{what}"
     if kind == DagsterEventType.RUN_SUCCESS:
         return f"{run} succeeded{what}"
+    if kind == DagsterEventType.RUN_CANCELED:
+        return f"{run} canceled{what}"
     data = event.event_specific_data
     error = getattr(data, "error", None)
     if kind == DagsterEventType.STEP_FAILURE:

@@ -74,7 +74,7 @@ def build_definitions(experiments: dict[str, Experiment], resources: dict | None
 
 def _valid_experiments() -> dict[str, Experiment]:
     files = read()
-    if files.errors:  # the `experiment_files` code location shows them in the UI
+    if files.errors:  # the `invalid_experiment_files` code location shows them in the UI
         warnings.warn(problems(files), stacklevel=2)
     return files.experiments
 

@@ -1,7 +1,7 @@
 """Where the code location reads its experiment files, and what it says about the invalid ones.
 
 One invalid file leaves every other experiment usable: the `dagster_rl` code location
-(`assets.definitions`) serves the valid ones and warns about the others; the `experiment_files`
+(`assets.definitions`) serves the valid ones and warns about the others; the `invalid_experiment_files`
 code location (`assets.experiment_errors`, in `workspace.yaml`) fails to load with every invalid
 file's error, which the Dagster UI shows as a code location problem; `dagster-rl` prints them too.
 """

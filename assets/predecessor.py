@@ -26,6 +26,7 @@ from dagster_rl.store import ArtifactStore, check_key
 from dagster_rl.task import TaskLoop, Weights
 
 PAGE = 1000  # materialization records read at a time
+NONE = "none"  # what a metadata value that names nothing says (`checks_failed`, `fork_of`): never a blank row
 
 
 def weights_key(exp: Experiment) -> AssetKey:
@@ -68,8 +69,8 @@ def starting_weights(instance: DagsterInstance, exp: Experiment, first_step: int
             f"(training hash {trained_with}, now {exp.training_hash()}). Re-run the range from 0000: steps whose "
             "inputs did not change are cache hits."
         )
-    failed_checks = str(metadata["checks_failed"].value) if "checks_failed" in metadata else ""
-    if failed_checks:
+    failed_checks = str(metadata["checks_failed"].value) if "checks_failed" in metadata else NONE
+    if failed_checks not in (NONE, ""):  # '': how materializations of earlier versions say none
         raise MissingPredecessorError(
             f"the weights of step {prev} of {exp.name} failed blocking check(s) {failed_checks}; later steps do not "
             f"start from them. Fix the cause (see the checks of {exp.name}/weights, partition {prev}), then re-run "

@@ -39,7 +39,7 @@ experiment class that validates it; its `name` names the asset group `<name>` an
   bounded too (`prompts_per_step x n_samples` trials, trials x `sampling.max_new_tokens` tokens,
   `nproc_per_node x threads_per_process` threads, LoRA `alpha / rank`);
 - an invalid file leaves the others usable: the UI shows its error as a problem of the code
-  location `experiment_files`, and `dagster-rl` prints it.
+  location `invalid_experiment_files`, and `dagster-rl` prints it.
 
 To check a file without training, ask for its status (it loads every experiment file, and names
 each invalid one with the field, the bound and the value):

@@ -65,14 +65,14 @@ def test_one_bad_file_leaves_the_others_usable_and_its_error_visible(tmp_path):
     assert loaded.stdout.strip() == "demo_train"
     assert "broken.yaml: invalid experiment: field 'n_samples'" in loaded.stderr
     assert "latin1.yaml: not UTF-8 text" in loaded.stderr
-    # the experiment_files code location fails with both errors: the UI shows it as a location problem
+    # the invalid_experiment_files code location fails with both errors: the UI shows it as a location problem
     failed = python("import assets.experiment_errors")
     assert failed.returncode != 0
     assert "2 invalid experiment files" in failed.stderr and "GRPO normalizes rewards within a group" in failed.stderr
     assert "latin1.yaml: not UTF-8 text (byte 9: invalid continuation byte)" in failed.stderr
 
 
-def test_the_experiment_files_location_loads_empty_when_every_file_is_valid():
+def test_the_invalid_experiment_files_location_loads_empty_when_every_file_is_valid():
     proc = subprocess.run([sys.executable, "-c", "import assets.experiment_errors"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 

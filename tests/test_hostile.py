@@ -5,6 +5,7 @@ Each test names the finding of issue 10 (or, in the last section, of issue 20) i
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def test_truncated_weights_of_a_predecessor_are_moved_aside_and_the_error_says_w
 
     code, out = cli(lab, monkeypatch, capsys, "status", "demo")
     assert "experiment demo: 3 of 16 steps materialized" in out
-    assert "0002  missing" in out and "0002: its weights artifact(s) are not in the store (moved aside or deleted): re-run from step 0002" in out
+    assert re.search(r"^0002 +missing ", out, re.M) and "0002: its weights artifact(s) are not in the store (moved aside or deleted): re-run from step 0002" in out
     assert lab.run("demo", "0002", "0003").success
     assert lab.latest("demo", "weights", "0002")["artifact_key"] == key and lab.latest("demo", "weights", "0002")["cache"] == "miss"
 

@@ -10,7 +10,7 @@ import random
 from typing import Literal
 
 from dagster_rl.advantages import group_normalized_advantages
-from dagster_rl.checks import CheckOutcome, step_checks
+from dagster_rl.checks import step_checks, weights_finite
 from dagster_rl.experiment import Experiment, Strict, step_key
 from dagster_rl.hashing import cache_key, canonical_json, seed_of
 from dagster_rl.records import STATS, Record, Rewards, Rollouts, TrainedFrom
@@ -120,7 +120,7 @@ class BanditLoop:
             )  # fmt: skip
             trained = ArmLogits.model_validate_json(files[DATA])
             weights = Weights(step_key(step), weights_ref, trained, trained.version)
-            finite = CheckOutcome(name="weights_finite", passed=all(map(math.isfinite, trained.logits)), message="", value=0.0)
+            finite = weights_finite(sum(not math.isfinite(x) for x in trained.logits), "")
             yield StepResult(
                 step=step, n_trials=len(rewards.rewards), n_trials_planned=len(trials),
                 mean_reward=mean([r.reward for r in rewards.rewards]),

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from dagster_rl import counters
-from dagster_rl.checks import CheckOutcome, on_policy, step_checks
+from dagster_rl.checks import CheckOutcome, on_policy, step_checks, weights_finite
 from dagster_rl.experiment import step_key
 from dagster_rl.hashing import cache_key, canonical_json
 from dagster_rl.lm.evaluation import Evaluation, evaluate
@@ -100,7 +100,7 @@ def adapter_finite(checkpoint: Checkpoint) -> CheckOutcome:
     tensors = load_safetensors(checkpoint[ADAPTER])
     bad = sorted(name for name, t in tensors.items() if t.is_floating_point() and not bool(t.isfinite().all()))
     message = f"all {len(tensors)} tensors finite" if not bad else f"non-finite values in {bad[:5]}"
-    return CheckOutcome(name="weights_finite", passed=not bad, message=message, value=float(len(bad)))
+    return weights_finite(len(bad), message)
 
 
 def _passed(result: StepResult, check: str) -> bool:
