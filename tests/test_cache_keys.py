@@ -306,3 +306,15 @@ def test_a_key_that_leaves_a_setting_out_is_named_with_the_artifact(tmp_path, ju
 def test_a_setting_in_a_key_and_the_list_or_in_neither_is_named(tmp_path, judge, outside, setting, said):
     problems, _ = audit("secret_search", tmp_path, judge.base_url, only={setting}, outside=outside)
     assert len(problems) == 1 and problems[0].startswith(said), problems
+
+
+def test_the_content_of_a_prompt_file_is_in_the_keys_that_read_it(tmp_path, judge):
+    """A file's content is an input as its settings are: the same path holding other answers."""
+    source = {"kind": "gsm8k", "path": _gsm8k_file(tmp_path, "prompts.jsonl", 0), "n_eval": 2, "template": "{question}"}
+    plan = Plan({**BASES["verifiable_prompts"], "task": {"kind": "verifiable_prompts", "source": source}}, _environments(judge.base_url))
+    before = compute(plan, tmp_path / "before", _build)
+    _gsm8k_file(tmp_path, "prompts.jsonl", 1)  # the same questions (the same prompt ids), other answers
+    after = compute(plan, tmp_path / "after", _build)
+    seen = outcome("the content of task.source.path", before, after, ADOPTING_KINDS)
+    assert not seen.omissions and not seen.rounding, seen.omissions
+    assert {"the warm-up's weights", "rollouts of step 0000"} <= set(seen.moved)

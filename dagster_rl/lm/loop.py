@@ -43,8 +43,9 @@ from dagster_rl.task import Backends, StepAsset, StepResult, Warn, WarmupResult,
 
 CODE_VERSIONS = {
     "initial": "lora-init-1",
-    "warmup": "sft-lora-2",  # 2: stops at warmup.target_accuracy
-    "rollouts": "hf-rollouts-3",  # 2: behavior log-probs recorded by the sampler; 3: keyed by the behavior weights' key
+    "warmup": "sft-lora-3",  # 2: stops at warmup.target_accuracy; 3: keyed by the prompts' content
+    # 2: behavior log-probs recorded by the sampler; 3: keyed by the behavior weights' key and the step's prompts' content
+    "rollouts": "hf-rollouts-3",
     "rewards": "lm-rubric-2",  # 2: keyed by the rollouts' key, which the rewards record
     # 2: packed micro-batches; 3: the trainer reports logp_max_dev (on_policy); 4: keyed by the keys of the weights and
     # rewards it trains from, and on-policy (the rollouts sampled by the weights it trains) the ratio's old log-probs are
@@ -139,13 +140,20 @@ class LMLoop:
             raise ValueError(f"experiment {exp.name} has no warmup section")
         # the check that stops it at a target accuracy scores like the held-out evaluation
         check = {"rubric": exp.rubric, "max_new_tokens": exp.eval_max_new_tokens} if exp.warmup.target_accuracy else None
+        prompts = load_prompt_set(exp.task.source)
         key = cache_key(
-            "weights", CODE_VERSIONS["warmup"], policy=exp.policy, warmup=exp.warmup, source=exp.task.source, seed=exp.seed, check=check
+            "weights",
+            CODE_VERSIONS["warmup"],
+            policy=exp.policy,
+            warmup=exp.warmup,
+            source=exp.task.source,
+            prompts=content_hash(prompts),  # what the source's file holds now
+            seed=exp.seed,
+            check=check,
         )
 
         def compute() -> dict[str, bytes]:
             counters.bump("warmups")
-            prompts = load_prompt_set(exp.task.source)
 
             def accuracy(policy, items) -> float:
                 held = PromptSet(train=[], eval=list(items), template=prompts.template)
@@ -268,8 +276,8 @@ class LMLoop:
                 step=step, behavior_policy=behavior.lineage(), n_trials_planned=len(requests), trajectories=trajectories, skipped=failed
             )
 
-        key = self._rollouts_key(exp, step, behavior)
-        rollouts = trial_set(store, "rollouts", key, Rollouts[LMRollout], list(requests), run, make, warn)
+        complete_key = self._rollouts_key(exp, step, behavior, prompts_now, prompts.template)
+        rollouts = trial_set(store, "rollouts", complete_key, Rollouts[LMRollout], list(requests), run, make, warn)
         if rollouts.hit:
             progress.generated(step, len(requests))
         key = rewards_key(CODE_VERSIONS["rewards"], backends.judge, rollouts.ref, rubric=exp.rubric)
@@ -280,7 +288,7 @@ class LMLoop:
         return Generated(
             rollouts.value,
             rollouts.ref,
-            self._rollouts_key(exp, step, behavior),
+            complete_key,
             rewards.value,
             rewards.ref,
             cache={"rollouts": rollouts.cache, "rewards": rewards.cache},
@@ -290,9 +298,18 @@ class LMLoop:
             recovered=recovered(rollouts, rewards),
         )
 
-    def _rollouts_key(self, exp: Exp, step: int, behavior: Weights[Checkpoint]) -> str:
+    def _rollouts_key(self, exp: Exp, step: int, behavior: Weights[Checkpoint], items: list, template: str) -> str:
+        """What the step's trials depend on, the content of its prompts (`items`, as the source's file
+        holds them now) included."""
         return rollouts_key(
-            CODE_VERSIONS["rollouts"], exp, step, behavior.ref, policy=exp.policy, sampling=exp.sampling, **exp.rollout.cache_inputs()
+            CODE_VERSIONS["rollouts"],
+            exp,
+            step,
+            behavior.ref,
+            policy=exp.policy,
+            sampling=exp.sampling,
+            prompts=content_hash({"items": items, "template": template}),
+            **exp.rollout.cache_inputs(),
         )
 
     def _train(
