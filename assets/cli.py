@@ -24,7 +24,7 @@ from typing import Any
 
 from assets.chain import CHAIN, step_assets
 from assets.experiments import experiments_dir, problems, read
-from assets.run_tags import range_tags, run_range
+from assets.run_tags import RESUME, range_tags, run_range
 from dagster_rl.errors import CorruptArtifactError, DagsterRLError, StoreLinkError
 from dagster_rl.experiment import Experiment, step_key
 from dagster_rl.task import BUILTIN_TASKS, task_of
@@ -215,8 +215,11 @@ def parse_range(exp: Experiment, text: str | None) -> tuple[int, int]:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    """Check the experiment, the range and DAGSTER_HOME; then run the range as one run of
-    `<exp>_train` on the instance, in this process, with the concise console."""
+    """In a child process of a session of its own (`_in_own_group`): check the experiment, the range
+    and DAGSTER_HOME; then run the range as one run of `<exp>_train` on the instance, in that
+    process, with the concise console."""
+    if not args.run_here:
+        sys.exit(_in_own_group(["train", args.experiment, *([args.range] if args.range else []), "--log-level", args.log_level], args))
     exp = _experiment(args.experiment)
     first, last = parse_range(exp, args.range)
     with _instance() as instance:
@@ -230,8 +233,80 @@ def cmd_train(args: argparse.Namespace) -> None:
                 f"{missing[0]}, e.g.\n    .venv/bin/dagster-rl train {exp.name} {missing[0]}...{step_key(last)}"
             )
         result = _execute(instance, exp, first, last, args.log_level)
-    if not result.success:
-        sys.exit(1)  # the console said why
+        if not result.success:
+            sys.exit(INTERRUPTED_EXIT if _was_interrupted(instance, result.run_id) else 1)  # the console said why
+
+
+INTERRUPTED_EXIT = 130  # as a shell reports a command ended by Ctrl-C
+PARENT_FD = "DAGSTER_RL_PARENT_FD"  # the child's end of a pipe to `dagster-rl train`: EOF when it is gone
+
+
+def _in_own_group(argv: list[str], args: argparse.Namespace) -> int:
+    """Run `dagster-rl <argv>` (the run itself) in a child process in a session of its own, and
+    relay Ctrl-C, SIGTERM and SIGHUP to it as one SIGINT each; return its exit status.
+
+    A terminal's Ctrl-C goes to every process of its foreground group: Dagster's log tails and a
+    trainer's torchrun would each print their own traceback or warning. Relayed to the run's process
+    alone, it is Dagster's interruption: it interrupts its step processes, which stop their
+    workers, and the console says `interrupted; re-run the same range to resume`, and nothing else.
+    The child interrupts itself the same way when this process dies (its end of a pipe closes)."""
+    import signal
+    import subprocess
+
+    read_end, write_end = os.pipe()
+    flags = [*(["--debug"] if args.debug else []), *(["--artifacts", args.artifacts] if args.artifacts else [])]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "assets.cli", *flags, *argv, "--run-here"],
+        cwd=REPO,
+        env={**os.environ, PARENT_FD: str(read_end)},
+        pass_fds=(read_end,),
+        start_new_session=True,
+    )
+    os.close(read_end)
+
+    def relay(signum, frame) -> None:
+        child.send_signal(signal.SIGINT)
+
+    relayed = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {s: signal.signal(s, relay) for s in relayed}
+    try:
+        return child.wait()
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        os.close(write_end)
+
+
+def _interrupt_when_parent_goes() -> None:
+    """In the child of `_in_own_group`: a SIGINT to this process (Dagster's interruption) when the
+    `dagster-rl train` that started it is gone, whatever ended it."""
+    import signal
+    import threading
+
+    fd = os.environ.pop(PARENT_FD, "")
+    if not fd.isdigit():
+        return
+
+    def watch() -> None:
+        try:
+            while os.read(int(fd), 1):
+                pass
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=watch, name="dagster-rl-parent", daemon=True).start()
+
+
+def _was_interrupted(instance, run_id: str) -> bool:
+    """Whether the run failed because it was interrupted (Ctrl-C, SIGTERM), as its log records."""
+    from dagster import DagsterEventType
+
+    from assets.console import interrupted
+
+    records = instance.get_records_for_run(run_id, of_type=DagsterEventType.RUN_FAILURE, limit=1).records
+    error = getattr(records[0].event_log_entry.dagster_event.event_specific_data, "error", None) if records else None
+    return interrupted(error)
 
 
 def _execute(instance, exp: Experiment, first: int, last: int, log_level: str):
@@ -425,6 +500,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="dagster-rl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifacts", default="", help="the artifact store's fsspec URL (default: $DAGSTER_HOME/artifacts)")
+    parser.add_argument("--debug", action="store_true", help="on an error, print its traceback too (default: its message)")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser(
         "train",
@@ -433,6 +509,7 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("experiment")
     train.add_argument("range", nargs="?", help="FIRST...LAST (e.g. 0008...0011) or one step (e.g. 8); default: every step")
     train.add_argument("--log-level", default="INFO", help="the console's level: INFO (a line per step) or DEBUG (every event)")
+    train.add_argument("--run-here", action="store_true", help=argparse.SUPPRESS)  # the child of `_in_own_group`
     train.set_defaults(fn=cmd_train)
     status = sub.add_parser("status", help="table of an experiment's steps, read from $DAGSTER_HOME")
     status.add_argument("experiment")
@@ -461,7 +538,36 @@ def main(argv: list[str] | None = None) -> None:
                 command.add_arguments(cmd)
             cmd.set_defaults(fn=command.run)
     args = parser.parse_args(argv)
-    args.fn(args)
+    if getattr(args, "run_here", False):
+        _interrupt_when_parent_goes()
+    try:
+        args.fn(args)
+    except KeyboardInterrupt:
+        print(RESUME if args.command == "train" else "interrupted", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)
+    except BrokenPipeError:  # `dagster-rl lineage demo 7 | head`: the reader has what it wanted
+        _quiet_closed_stdout()
+        sys.exit(0)
+    except Exception as e:  # noqa: BLE001 - every error is one message; the traceback behind --debug
+        if args.debug:
+            raise
+        sys.exit(one_message(e))
+
+
+def one_message(error: BaseException) -> str:
+    """What `dagster-rl` prints of an error: its message, which says what was wrong and what to do;
+    for an error dagster-rl did not raise on purpose, its type too, and where its traceback is."""
+    if isinstance(error, DagsterRLError):
+        return f"dagster-rl: {error}"
+    return f"dagster-rl: {type(error).__name__}: {error} (`dagster-rl --debug ...` shows the traceback)"
+
+
+def _quiet_closed_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's flush at exit does not fail on the closed pipe again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

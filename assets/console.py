@@ -7,6 +7,8 @@ materialization, check). This one prints, one short line each:
   phase runs, which run waits for which);
 - a failed step's error: its type and message, which say what was wrong and what to do, e.g.
   `MissingPredecessorError: ... Run step 0002 first, e.g. the range 0002...0004.`;
+- an interrupted run (Ctrl-C, SIGTERM): one line, `run 1a2b3c4d (demo_train, steps 0000...0007)
+  interrupted; re-run the same range to resume`, and not the interruption's errors;
 - every other warning and error.
 It changes only what the terminal shows: the run's full event log, tracebacks included, is in the
 instance, where the UI's run page shows it. Set `loggers: {console: {config: {log_level: DEBUG}}}`
@@ -18,7 +20,7 @@ import sys
 
 from dagster import DagsterEventType, Field, logger
 
-from assets.run_tags import run_range
+from assets.run_tags import RESUME, run_range
 
 CONSOLE = {"dagster_rl_console": True}  # `extra` of a log call whose line belongs on the console
 _LIFECYCLE = (DagsterEventType.RUN_START, DagsterEventType.RUN_SUCCESS, DagsterEventType.RUN_FAILURE, DagsterEventType.STEP_FAILURE)
@@ -38,6 +40,23 @@ def user_error(error) -> str:
     return f"{error.cls_name}: " + "\n".join(line.rstrip() for line in message.splitlines())
 
 
+INTERRUPTED = frozenset({"DagsterExecutionInterruptedError", "KeyboardInterrupt"})
+
+
+def interrupted(error) -> bool:
+    """Whether a Dagster `SerializableErrorInfo` is an interruption (Ctrl-C, SIGTERM), in its chain."""
+    while error is not None:
+        if error.cls_name in INTERRUPTED:
+            return True
+        error = error.cause or getattr(error, "context", None)
+    return False
+
+
+def _interrupted_event(event) -> bool:
+    data = getattr(event, "event_specific_data", None)
+    return event.event_type in (DagsterEventType.STEP_FAILURE, DagsterEventType.RUN_FAILURE) and interrupted(getattr(data, "error", None))
+
+
 def event_line(event, run_id: str | None, tags: dict) -> str | None:
     """The console's line for a run's start or end or a step's failure (None: no line of its own)."""
     kind, run = event.event_type, f"run {run_id[:8]}" if run_id else "the run"
@@ -53,23 +72,38 @@ def event_line(event, run_id: str | None, tags: dict) -> str | None:
     if kind == DagsterEventType.STEP_FAILURE:
         return user_error(error) if error is not None else None
     if kind == DagsterEventType.RUN_FAILURE:
+        if interrupted(error):  # Ctrl-C or SIGTERM: nothing failed; its steps so far are stored
+            return f"{run}{what} {RESUME}"
         reason = getattr(data, "failure_reason", None)
         said = f": {user_error(error)}\n" if error is not None and getattr(reason, "value", None) != "STEP_FAILURE" else ". "
         return f"{run} failed{what}{said}Its full log, with the traceback, is on the run's page in the UI (make ui, Runs)."
     return None
 
 
+# Dagster's word, in the run's process, that its steps are being interrupted: what follows (steps that end
+# without an event, the interruption's errors) is the interruption, which the run's failure line says
+_INTERRUPTING = "Multiprocess executor: received termination signal"
+
+
 class _ConsoleLines(logging.Filter):
     def __init__(self, level: int):
         super().__init__()
         self.level = level
+        self.interrupting = False
 
     def filter(self, record: logging.LogRecord) -> bool:
+        event = (getattr(record, "dagster_meta", None) or {}).get("dagster_event")
+        if self.level > logging.DEBUG:
+            if event is not None and _interrupted_event(event):
+                return event.event_type == DagsterEventType.RUN_FAILURE  # one line says it: the run's
+            if event is not None and str(event.message or "").startswith(_INTERRUPTING):
+                self.interrupting = True
+            if self.interrupting:
+                return False
         if self.level <= logging.DEBUG or record.levelno >= max(self.level, logging.WARNING):
             return record.levelno >= self.level
         if self.level > logging.INFO:
             return False
-        event = (getattr(record, "dagster_meta", None) or {}).get("dagster_event")
         return bool(getattr(record, "dagster_rl_console", False)) or (event is not None and event.event_type in _LIFECYCLE)
 
 
@@ -78,7 +112,7 @@ class _Short(logging.Formatter):
         meta = getattr(record, "dagster_meta", None) or {}
         event = meta.get("dagster_event")
         message = (event_line(event, meta.get("run_id"), dict(meta.get("job_tags") or {})) if event is not None else None) or meta.get("orig_message") or record.getMessage()
-        level = "" if record.levelno < logging.WARNING else f"{record.levelname} "
+        level = "" if record.levelno < logging.WARNING or (event is not None and _interrupted_event(event)) else f"{record.levelname} "
         where = f"{meta['step_key']}: " if level and meta.get("step_key") else ""
         return f"{self.formatTime(record, '%H:%M:%S')} {level}{where}{message}"
 

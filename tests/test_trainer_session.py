@@ -279,3 +279,26 @@ def test_a_session_that_stopped_idle_is_replaced_and_the_step_trains_as_a_launch
     one, _ = per_step.train(exp.model_copy(update={"trainer": exp.trainer.model_copy(update={"session": "step"})}), initial, rollouts, rewards)
     two, _ = per_step.train(exp, one, rollouts, rewards)  # no `start`: a launch per step whatever the setting
     assert one == first and two == second and metrics.version == 2
+
+
+def test_the_session_folder_of_a_killed_driver_is_removed_by_the_next_driver_on_its_host(tmp_path):
+    """A SIGKILLed driver cannot remove its session folder: the next one to make a folder there
+    removes every folder whose owner, on this host, is gone, and no other."""
+    import socket
+
+    from dagster_rl.lm.session import OWNER
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "from dagster_rl.lifetime import identity; print(identity())"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    host = socket.gethostname()
+    owners = {"killed": f"{host} {gone}", "running": f"{host} {identity()}", "elsewhere": f"another-host {gone}", "unowned": None}
+    folders = {}
+    for name, owner in owners.items():
+        folders[name] = tmp_path / f"dagster-rl-session-{name}"
+        (folders[name] / JOBS).mkdir(parents=True)
+        if owner is not None:
+            (folders[name] / OWNER).write_text(owner)
+    made = create_folder(tmp_path, SessionSpec(idle_timeout_s=1.0))
+    assert sorted(p.name for p in tmp_path.iterdir() if p.exists()) == sorted([made.name, *(folders[n].name for n in ("running", "elsewhere", "unowned"))])
+    assert (made / OWNER).read_text() == f"{host} {identity()}"
