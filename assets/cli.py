@@ -69,6 +69,9 @@ def step_rows(instance, exp: Experiment, store=None) -> list[dict[str, str]]:
         if md is None:
             rows.append({"step": step, "state": "-"})
             continue
+        if (foreign := _not_ours(md, f"{exp.name}/weights {step}", step)) is not None:
+            rows.append({"step": step, "state": "foreign", "notes": [foreign]})  # type: ignore[dict-item]
+            continue
         others = [m for a in extra if (m := latest(instance, exp, a, step)) is not None]  # e.g. its held-out evaluation
         row = {
             "step": step,
@@ -106,6 +109,12 @@ def warmup_row(instance, exp: Experiment, columns: dict[str, str]) -> dict[str, 
         return {"step": spec.name, "state": "-"}
     shown = {c: _shown(md[key]) for c, key in columns.items() if key in md}
     return {"step": spec.name, "state": "materialized", "cache": str(md.get("cache", "")), **shown, "weights_v": "0"}
+
+
+def _not_ours(md: dict, what: str, step: str) -> str | None:
+    from assets.predecessor import not_ours
+
+    return not_ours(md, what, step or "0000")
 
 
 def _artifact_present(instance, exp: Experiment, asset: str, step: str, store) -> bool:
@@ -215,13 +224,15 @@ def parse_range(exp: Experiment, text: str | None) -> tuple[int, int]:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    """In a child process of a session of its own (`_in_own_group`): check the experiment, the range
-    and DAGSTER_HOME; then run the range as one run of `<exp>_train` on the instance, in that
-    process, with the concise console."""
-    if not args.run_here:
-        sys.exit(_in_own_group(["train", args.experiment, *([args.range] if args.range else []), "--log-level", args.log_level], args))
+    """Check the experiment, the range and DAGSTER_HOME; then, in a child process of a session of its
+    own (`_in_own_group`), check that the steps before the range are materialized and run the range
+    as one run of `<exp>_train` on the instance, in that process, with the concise console."""
     exp = _experiment(args.experiment)
     first, last = parse_range(exp, args.range)
+    if (problem := home_problem()) is not None:
+        sys.exit(f"dagster-rl: {problem}")
+    if not args.run_here:
+        sys.exit(_in_own_group(["train", exp.name, f"{step_key(first)}...{step_key(last)}", "--log-level", args.log_level], args))
     with _instance() as instance:
         from assets.predecessor import missing_before
 
@@ -388,31 +399,75 @@ def parse_step(exp: Experiment, text: str) -> str:
 
 
 def cmd_lineage(args: argparse.Namespace) -> None:
+    """The chain of a step's weights back to step 0, read from the store; each step's artifacts are
+    checked against the experiment's materializations of that step as `verify` checks them, and a
+    mismatch is flagged under the step (exit 1)."""
     from dagster_rl.lineage import trace
     from dagster_rl.store import check_key
 
     exp = _experiment(args.experiment)
     step = parse_step(exp, args.step)
+    store = _store(args)
     with _instance() as instance:
         md = latest(instance, exp, "weights", step)
-    if md is None:
-        sys.exit(f"dagster-rl: {exp.name}/weights has no materialization for step {step}; run it first")
-    store = _store(args)
-    try:
-        chain = trace(store, check_key(md.get("artifact_key"), f"artifact key of {exp.name}/weights {step}"))
-    except DagsterRLError as e:
-        sys.exit(f"dagster-rl: {e}")
+        if md is None:
+            sys.exit(f"dagster-rl: {exp.name}/weights has no materialization for step {step}; run it first")
+        if (foreign := _not_ours(md, f"{exp.name}/weights {step}", step)) is not None:
+            sys.exit(f"dagster-rl: {foreign}.")
+        try:
+            chain = trace(store, check_key(md.get("artifact_key"), f"artifact key of {exp.name}/weights {step}"))
+        except DagsterRLError as e:
+            sys.exit(f"dagster-rl: {e}")
+        flags = {s.step: _lineage_flags(instance, exp, store, s) for s in chain}
+    bad = sorted(k for k, f in flags.items() if f)
     if args.json:
-        print(json.dumps([dict(s.model_dump(), seeds_hash=s.seeds_hash) for s in chain], indent=2))
-        return
-    print(f"lineage of {exp.name}/weights {step} (artifacts in {store.url}, experiment seed {exp.seed})")
-    for s in chain:
-        b = s.behavior_policy
-        print(f"step {step_key(s.step)}  weights v{s.weights_version} {s.weights_hash[:16]} (key {s.weights_key[:16]})")
-        print(f"  <- rewards  {s.rewards_hash[:16]}  rubric {s.rubric.get('name')} {_rubric_weights(s.rubric)}")
-        print(f"  <- rollouts {s.rollouts_hash[:16]}  {s.n_trajectories} trajectories, {len(s.skipped)} skipped, "
-              f"seeds {s.seeds_hash[:16]} ({_seed_span(s.seeds)})")
-        print(f"  <- behavior policy: weights {b['partition']} v{b['version']} {str(b['content_hash'])[:16]}")
+        print(json.dumps([dict(s.model_dump(), seeds_hash=s.seeds_hash, problems=flags[s.step]) for s in chain], indent=2))
+    else:
+        print(f"lineage of {exp.name}/weights {step} (artifacts in {store.url}, experiment seed {exp.seed})")
+        for s in chain:
+            b = s.behavior_policy
+            print(f"step {step_key(s.step)}  weights v{s.weights_version} {s.weights_hash[:16]} (key {s.weights_key[:16]})")
+            print(f"  <- rewards  {s.rewards_hash[:16]}  rubric {s.rubric.get('name')} {_rubric_weights(s.rubric)}")
+            print(f"  <- rollouts {s.rollouts_hash[:16]}  {s.n_trajectories} trajectories, {len(s.skipped)} skipped, "
+                  f"seeds {s.seeds_hash[:16]} ({_seed_span(s.seeds)})")
+            print(f"  <- behavior policy: weights {b['partition']} v{b['version']} {str(b['content_hash'])[:16]}")
+            for problem in flags[s.step]:
+                print(f"  MISMATCH {problem}")
+    if bad:
+        print(
+            f"{sum(len(flags[k]) for k in bad)} mismatch(es) with what Dagster recorded: `dagster-rl verify {exp.name}` lists "
+            f"every bad artifact; re-run from step {step_key(bad[0])}.",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+
+
+def _lineage_flags(instance, exp: Experiment, store, s) -> list[str]:
+    """What is wrong with one step of a lineage: each of its artifacts against the latest
+    materialization of this experiment's step (as `verify` checks it), and that materialization
+    names the artifact the chain went through."""
+    partition, flags = step_key(s.step), []
+    hashes = {"rollouts": (s.rollouts_key, s.rollouts_hash), "rewards": (s.rewards_key, s.rewards_hash), "weights": (s.weights_key, s.weights_hash)}
+    for asset in CHAIN:
+        md = latest(instance, exp, asset, partition)
+        if md is None:
+            continue  # another experiment's step (a fork's parent), or not materialized here
+        problem, _ = artifact_problem(store, md, asset, partition, exp)
+        if problem is not None:
+            flags.append(f"{asset} {partition}: {problem}")
+            continue
+        key, recorded = hashes[asset]
+        if md.get("artifact_key") != key:
+            flags.append(
+                f"{asset} {partition}: the chain goes through {asset}/{key[:16]}, but the latest materialization of "
+                f"{exp.name}/{asset} {partition} names {asset}/{str(md.get('artifact_key'))[:16]} (a later run superseded it)"
+            )
+        elif md.get("content_hash") != recorded:
+            flags.append(
+                f"{asset} {partition}: the step after it recorded content hash {recorded[:16]}, the materialization "
+                f"{str(md.get('content_hash'))[:16]}"
+            )
+    return flags
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
@@ -424,7 +479,7 @@ def cmd_verify(args: argparse.Namespace) -> None:
     with _instance() as instance:
         for step, asset, md in _materializations(instance, exp):
             checked += 1
-            problem, fix = artifact_problem(store, md, asset)
+            problem, fix = artifact_problem(store, md, asset, step, exp)
             if problem is not None:
                 repaired = fix() if args.repair and fix is not None else None
                 bad.append((step, f"{asset} {step}".rstrip(), problem, repaired))
@@ -461,11 +516,16 @@ def _materializations(instance, exp: Experiment):
                 yield step, asset, md
 
 
-def artifact_problem(store, md: dict, asset: str) -> tuple[str | None, Any]:
-    """What is wrong with the artifact a materialization names (its files, a link, or a content
-    hash other than the one the materialization recorded), and how `--repair` fixes it (or None)."""
+def artifact_problem(store, md: dict, asset: str, step: str, exp: Experiment) -> tuple[str | None, Any]:
+    """What is wrong with the artifact the materialization of `<exp>/<asset> <step>` names (step ''
+    for the warm-up): a materialization dagster-rl did not write, the artifact's files, a link, a
+    content hash other than the one the materialization recorded, or an artifact that another step
+    made (a copied materialization); and how `--repair` fixes it (or None)."""
     from assets.predecessor import artifact_of
 
+    what = f"{exp.name}/{asset} {step}".rstrip()
+    if (foreign := _not_ours(md, what, step)) is not None:
+        return foreign, None
     try:
         kind, key = artifact_of(md, asset)
     except DagsterRLError as e:
@@ -484,7 +544,37 @@ def artifact_problem(store, md: dict, asset: str) -> tuple[str | None, Any]:
             "(its files and manifest were changed together after the step, or the materialization was not the "
             "step's own)"
         ), lambda: store.move_aside(kind, key, reason="mismatch")
+    made_by = _made_by(store, kind, key, asset, step, exp)
+    if made_by is not None:
+        return (
+            f"the materialization of {what} names artifact {kind}/{key}, which {made_by}: not the step's own (the "
+            f"materialization was copied from another partition or experiment, or reported by hand). Re-run from step "
+            f"{step or '0000'}, which materializes the step's own"
+        ), None
     return None, None
+
+
+def _made_by(store, kind: str, key: str, asset: str, step: str, exp: Experiment) -> str | None:
+    """What the artifact's own record says made it, when that is not step `step` of the experiment's
+    cache family (None: it is, or it records nothing to compare: the warm-up, a task's extra asset)."""
+    from dagster_rl.records import STATS
+    from dagster_rl.store import DATA
+
+    if not step or asset not in CHAIN:
+        return None
+    try:
+        if kind == "weights":
+            record = json.loads(store.get(kind, key, STATS)) if STATS in store.names(kind, key) else {}
+            made, family = record.get("step"), record.get("experiment", exp.family)
+            if not record:
+                return "holds no record of a training step (initial or warm-up weights)"
+        else:
+            made, family = json.loads(store.get(kind, key, DATA)).get("step"), exp.family
+    except (DagsterRLError, ValueError, AttributeError):
+        return None  # unreadable: reported by the checks above
+    if made == int(step) and family == exp.family:
+        return None
+    return f"step {step_key(made) if isinstance(made, int) else made} of experiment {family} made"
 
 
 def _rubric_weights(rubric: dict) -> str:
@@ -542,6 +632,7 @@ def main(argv: list[str] | None = None) -> None:
         _interrupt_when_parent_goes()
     try:
         args.fn(args)
+        sys.stdout.flush()  # here, not at exit: a reader that closed the pipe is one more case below
     except KeyboardInterrupt:
         print(RESUME if args.command == "train" else "interrupted", file=sys.stderr)
         sys.exit(INTERRUPTED_EXIT)

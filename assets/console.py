@@ -17,6 +17,7 @@ in a run's config to see everything on the terminal too.
 
 import logging
 import sys
+from typing import NoReturn
 
 from dagster import DagsterEventType, Field, logger
 
@@ -115,6 +116,23 @@ class _Short(logging.Formatter):
         level = "" if record.levelno < logging.WARNING or (event is not None and _interrupted_event(event)) else f"{record.levelname} "
         where = f"{meta['step_key']}: " if level and meta.get("step_key") else ""
         return f"{self.formatTime(record, '%H:%M:%S')} {level}{where}{message}"
+
+
+def refuse_to_load(error: BaseException) -> NoReturn:
+    """Fail the code location's import with `error`, a dagster-rl error whose message says what to do.
+    Dagster's code server shows it in the UI as the location's load error (with its stack); a command
+    that imports the location in its own process (`dagster asset materialize -m assets.definitions`)
+    ends with it as one line on the terminal, `dagster_rl code location: <message>`, not a traceback."""
+    previous = sys.excepthook
+
+    def one_line(kind, value, tb) -> None:
+        if value is error:
+            print(f"dagster_rl code location: {value}", file=sys.stderr)
+        else:
+            previous(kind, value, tb)
+
+    sys.excepthook = one_line
+    raise error
 
 
 @logger(

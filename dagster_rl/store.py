@@ -257,6 +257,10 @@ class ArtifactStore:
     def _ref(self, kind: str, key: str, manifest: dict[str, str]) -> ArtifactRef:
         return ArtifactRef(kind=kind, key=key, content_hash=content_hash({"files": manifest}), uri=f"{self.url}/{kind}/{key}")
 
+    def names(self, kind: str, key: str) -> list[str]:
+        """The names of the artifact's files, as its manifest lists them."""
+        return sorted(self._checked(kind, key, lambda: self._manifest(kind, key)))
+
     def get(self, kind: str, key: str, name: str) -> bytes:
         return self._checked(kind, key, lambda: self._read(kind, key, name, self._manifest(kind, key)))
 
