@@ -641,6 +641,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0)
     except Exception as e:  # noqa: BLE001 - every error is one message; the traceback behind --debug
         if args.debug:
+            sys.excepthook = sys.__excepthook__  # the whole traceback, whatever a code location that failed to load set
             raise
         sys.exit(one_message(e))
 

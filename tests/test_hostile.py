@@ -386,7 +386,28 @@ def test_without_dagster_home_the_code_location_and_the_cli_refuse_with_the_line
         done = subprocess.run(argv, cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
         assert done.returncode != 0, (argv, done.stdout, done.stderr)
         assert "DAGSTER_HOME is not set" in done.stderr and "export DAGSTER_HOME=$PWD/.dagster_home" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr  # issue 24: one message, no traceback before it
     assert not (tmp_path / ".dagster_home").exists()
+
+
+def test_every_error_of_train_and_of_the_code_location_is_one_message(four_steps, tmp_path):
+    """Issue 24: `dagster-rl train` with the judge's URL set and no model printed a 57-line
+    traceback before the message; `dagster asset materialize` with DAGSTER_HOME unset, one as well."""
+    env = {**os.environ, "DAGSTER_HOME": str(four_steps.home), "DAGSTER_RL_EXPERIMENTS": str(four_steps.home / "experiments")}
+    env["DAGSTER_RL_JUDGE_URL"] = "http://127.0.0.1:9/v1"
+    env.pop("DAGSTER_RL_JUDGE_MODEL", None)
+    done = subprocess.run([str(Path(sys.executable).parent / "dagster-rl"), "train", "demo", "0004...0004"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    said = "DAGSTER_RL_JUDGE_URL is set, so the judge is an LLM over that endpoint: set DAGSTER_RL_JUDGE_MODEL to its model's name"
+    assert done.returncode == 1 and done.stderr == f"dagster-rl: {said}\n", done.stderr
+    debug = subprocess.run([str(Path(sys.executable).parent / "dagster-rl"), "--debug", "train", "demo", "0004...0004"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and said in debug.stderr  # --debug: the traceback too
+
+    env.pop("DAGSTER_HOME")
+    env.pop("DAGSTER_RL_JUDGE_URL")
+    argv = [str(Path(sys.executable).parent / "dagster"), "asset", "materialize", "-m", "assets.definitions", "--select", "group:demo", "--partition", "0000"]
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.rstrip().endswith("(`make demo` and `make ui` use .dagster_home)") and "dagster_rl code location: DAGSTER_HOME is not set" in done.stderr
 
 
 def test_a_sandbox_root_that_is_a_file_fails_the_run_naming_it(lab, tmp_path):
