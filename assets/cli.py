@@ -266,10 +266,10 @@ def _in_own_group(argv: list[str], args: argparse.Namespace) -> int:
 
     read_end, write_end = os.pipe()
     flags = [*(["--debug"] if args.debug else []), *(["--artifacts", args.artifacts] if args.artifacts else [])]
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     child = subprocess.Popen(
         [sys.executable, "-m", "assets.cli", *flags, *argv, "--run-here"],
-        cwd=REPO,
-        env={**os.environ, PARENT_FD: str(read_end)},
+        env={**os.environ, PARENT_FD: str(read_end), "PYTHONPATH": path},  # the same folder and settings as this one
         pass_fds=(read_end,),
         start_new_session=True,
     )
@@ -281,7 +281,8 @@ def _in_own_group(argv: list[str], args: argparse.Namespace) -> int:
     relayed = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     before = {s: signal.signal(s, relay) for s in relayed}
     try:
-        return child.wait()
+        code = child.wait()
+        return code if code >= 0 else 128 - code  # ended by a signal: as a shell reports it
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)

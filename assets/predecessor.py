@@ -41,13 +41,13 @@ def artifact_of(md: dict, asset: str) -> tuple[str, str]:
 
 def not_ours(md: dict, what: str, rerun_from: str) -> str | None:
     """Why a materialization (its metadata values, `md`) was not written by dagster-rl, or None: every
-    step it materializes records the artifact it stored (`artifact_key`) and its `content_hash`. A
-    runless materialization reported by hand, without them, names nothing to train from or check."""
-    if isinstance(md.get("artifact_key"), str) and isinstance(md.get("content_hash"), str):
+    step it materializes records the artifact it stored (`artifact_key`, `artifact_path`). A runless
+    materialization reported by hand without them names nothing to train from or check."""
+    if "artifact_key" in md or "artifact_path" in md:  # names an artifact: the checks of its key and content say the rest
         return None
     return (
-        f"the materialization of {what} was not written by dagster-rl: it records no artifact (artifact_key, "
-        f"content_hash), as a runless materialization reported by hand does. Re-run the range from step {rerun_from}, "
+        f"the materialization of {what} was not written by dagster-rl: it records no artifact (no artifact_key), as a "
+        f"runless materialization reported by hand without metadata does. Re-run the range from step {rerun_from}, "
         "which materializes it again"
     )
 
