@@ -564,7 +564,7 @@ def _made_by(store, kind: str, key: str, asset: str, step: str, exp: Experiment)
     if not step or asset not in CHAIN:
         return None
     try:
-        if kind == "weights":
+        if asset == "weights":
             record = json.loads(store.get(kind, key, STATS)) if STATS in store.names(kind, key) else {}
             made, family = record.get("step"), record.get("experiment", exp.family)
             if not record:

@@ -110,7 +110,7 @@ def _tensors(walk: _Walk, name: str, a: bytes, b: bytes) -> None:
         where = f"{name}:{key}"
         if x.shape != y.shape or x.dtype != y.dtype:
             walk.note(where, f"{x.dtype}{list(x.shape)}", f"{y.dtype}{list(y.shape)}", structural=True)
-        elif x.dtype.kind != "f":
+        elif not np.issubdtype(x.dtype, np.floating):
             if not np.array_equal(x, y):
                 walk.note(where, "integers", "other integers", structural=True)
         elif not np.array_equal(x, y, equal_nan=True):

@@ -1,11 +1,12 @@
 """A journal of LLM-judge calls, so a retried judging task never pays for the same judgement twice.
 
 An entry is keyed by the request itself (the judge model, the messages, the sampling settings: the
-question, whatever of the experiment and the trajectory the task's prompt shows) and stored in the
-artifact store as soon as the judge's reply arrives, before anything else can fail. A judging
-attempt asks the journal first: an entry found is replayed (the same reply, the same score) and no
-request is sent. Another question (another rubric, judge model, prompt, or anything the prompt
-shows) is another key, hence a new call.
+question, whatever of the experiment and the trajectory the task's prompt shows) and the content
+hash of the trajectory it grades (one call per trial, as two trials that look alike to the judge
+are still two judgements), and stored in the artifact store as soon as the judge's reply arrives,
+before anything else can fail. A judging attempt asks the journal first: an entry found is
+replayed (the same reply, the same score) and no request is sent. Another question (another
+rubric, judge model, prompt, or anything the prompt shows) is another key, hence a new call.
 
 What is journaled is bounded: a reply longer than `MAX_REPLY_CHARS` is stored cut to its first
 `MAX_REPLY_CHARS` characters, with its full length and sha256 (the score is parsed from the whole
@@ -26,7 +27,7 @@ from dagster_rl.hashing import cache_key, content_hash, sha256_hex
 from dagster_rl.store import ArtifactStore
 
 KIND = "judge_calls"
-JOURNAL_VERSION = "judge-journal-2"  # 2: keyed by the request, not by the trajectory, rubric and model
+JOURNAL_VERSION = "judge-journal-2"  # 2: keyed by the request and the trajectory, not by the trajectory, rubric and model
 MAX_REPLY_CHARS = 4096
 
 
@@ -51,9 +52,9 @@ def bounded_reply(reply: str) -> dict[str, Any]:
     return {"reply": reply[:MAX_REPLY_CHARS], "reply_chars": len(reply), "reply_sha256": sha256_hex(reply.encode())}
 
 
-def journal_key(request: dict[str, Any]) -> str:
-    """The key of the entry of a request (the body sent: model, messages, sampling settings)."""
-    return cache_key("judge_call", JOURNAL_VERSION, request=request)
+def journal_key(request: dict[str, Any], trajectory_hash: str) -> str:
+    """The key of the entry of a request (the body sent: model, messages, sampling settings) about a trajectory."""
+    return cache_key("judge_call", JOURNAL_VERSION, request=request, trajectory=trajectory_hash)
 
 
 def trajectory_hash(trajectory: BaseModel | dict[str, Any]) -> str:
@@ -66,8 +67,8 @@ class JudgeJournal:
     def __init__(self, store: ArtifactStore):
         self.store = store
 
-    def lookup(self, request: dict[str, Any]) -> JudgeCall | None:
-        key = journal_key(request)
+    def lookup(self, request: dict[str, Any], trajectory_hash: str) -> JudgeCall | None:
+        key = journal_key(request, trajectory_hash)
         if not self.store.exists(KIND, key):
             return None
         try:
@@ -83,7 +84,7 @@ class JudgeJournal:
         """Store `call` unless an entry for its key exists; return the entry that is stored (a
         concurrent attempt that recorded its reply first wins, so every reader agrees: the store
         adopts the first `judge_calls` entry of a key)."""
-        key = journal_key(call.request)
+        key = journal_key(call.request, call.trajectory_hash)
         self.store.put_model(KIND, key, call)
         return self.store.get_model(KIND, key, JudgeCall)
 
@@ -95,7 +96,7 @@ class JudgeJournal:
         call: Callable[[], tuple[str, float]],
     ) -> tuple[JudgeCall, bool]:
         """The journaled entry of `request` (replayed=True), or call() -> (reply, score), recorded (replayed=False)."""
-        found = self.lookup(request)
+        found = self.lookup(request, trajectory_hash)
         if found is not None:
             return found, True
         reply, score = call()
