@@ -390,16 +390,17 @@ def test_without_dagster_home_the_code_location_and_the_cli_refuse_with_the_line
     assert not (tmp_path / ".dagster_home").exists()
 
 
-def test_every_error_of_train_and_of_the_code_location_is_one_message(four_steps, tmp_path):
+def test_every_error_of_train_and_of_the_code_location_is_one_message(lab, tmp_path):
     """Issue 24: `dagster-rl train` with the judge's URL set and no model printed a 57-line
     traceback before the message; `dagster asset materialize` with DAGSTER_HOME unset, one as well."""
-    env = {**os.environ, "DAGSTER_HOME": str(four_steps.home), "DAGSTER_RL_EXPERIMENTS": str(four_steps.home / "experiments")}
+    home = lab("errors", demo_settings()).home
+    env = {**os.environ, "DAGSTER_HOME": str(home), "DAGSTER_RL_EXPERIMENTS": str(home / "experiments")}
     env["DAGSTER_RL_JUDGE_URL"] = "http://127.0.0.1:9/v1"
     env.pop("DAGSTER_RL_JUDGE_MODEL", None)
-    done = subprocess.run([str(Path(sys.executable).parent / "dagster-rl"), "train", "demo", "0004...0004"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([str(Path(sys.executable).parent / "dagster-rl"), "train", "demo", "0000...0000"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     said = "DAGSTER_RL_JUDGE_URL is set, so the judge is an LLM over that endpoint: set DAGSTER_RL_JUDGE_MODEL to its model's name"
     assert done.returncode == 1 and done.stderr == f"dagster-rl: {said}\n", done.stderr
-    debug = subprocess.run([str(Path(sys.executable).parent / "dagster-rl"), "--debug", "train", "demo", "0004...0004"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    debug = subprocess.run([str(Path(sys.executable).parent / "dagster-rl"), "--debug", "train", "demo", "0000...0000"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert debug.returncode == 1 and "Traceback" in debug.stderr and said in debug.stderr  # --debug: the traceback too
 
     env.pop("DAGSTER_HOME")
