@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from assets.chain import CHAIN, step_assets
-from assets.experiments import experiments_dir, problems, read
+from assets.experiments import experiments_dir, missing_folder, problems, read
 from assets.run_tags import RESUME, range_tags, run_range
 from dagster_rl.errors import CorruptArtifactError, DagsterRLError, StoreLinkError
 from dagster_rl.experiment import Experiment, step_key
@@ -141,6 +141,8 @@ def format_table(rows: list[dict[str, str]], columns: tuple[str, ...] | None = N
 
 def _experiment(name: str) -> Experiment:
     files = read()
+    if (missing := missing_folder(files)) is not None:
+        sys.exit(f"dagster-rl: {missing}")
     if name in files.experiments:
         if files.errors:
             print(f"dagster-rl: {problems(files)}", file=sys.stderr)
