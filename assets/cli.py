@@ -18,6 +18,7 @@ Dagster, torch and the task's heavy modules are imported by the commands that us
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -246,6 +247,7 @@ def cmd_train(args: argparse.Namespace) -> None:
                 f"{missing[0]}, e.g.\n    .venv/bin/dagster-rl train {exp.name} {missing[0]}...{step_key(last)}"
             )
         result = _execute(instance, exp, first, last, args.log_level)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run has ended as it says: a late Ctrl-C changes nothing
         if not result.success:
             sys.exit(INTERRUPTED_EXIT if _was_interrupted(instance, result.run_id) else 1)  # the console said why
 
@@ -263,7 +265,6 @@ def _in_own_group(argv: list[str], args: argparse.Namespace) -> int:
     alone, it is Dagster's interruption: it interrupts its step processes, which stop their
     workers, and the console says `interrupted; re-run the same range to resume`, and nothing else.
     The child interrupts itself the same way when this process dies (its end of a pipe closes)."""
-    import signal
     import subprocess
 
     read_end, write_end = os.pipe()
@@ -294,7 +295,6 @@ def _in_own_group(argv: list[str], args: argparse.Namespace) -> int:
 def _interrupt_when_parent_goes() -> None:
     """In the child of `_in_own_group`: a SIGINT to this process (Dagster's interruption) when the
     `dagster-rl train` that started it is gone, whatever ended it."""
-    import signal
     import threading
 
     fd = os.environ.pop(PARENT_FD, "")

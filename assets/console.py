@@ -34,7 +34,9 @@ def user_error(error) -> str:
     (Dagster's wrappers skipped: the first error that is not one)."""
     while error.cls_name in _WRAPPERS and error.cause is not None:
         error = error.cause
-    message = error.message.strip()
+    if error.cls_name == "ChildProcessCrashException":  # its message is only its class's path
+        return f"{error.cls_name}: the step's process died (killed, or out of memory); re-run the same range to resume"
+    message = error.message.split("\nStack Trace:", 1)[0].strip()  # the stacks Dagster puts in a message stay in the run's log
     head, sep, rest = message.partition(": ")
     if sep and head.endswith(error.cls_name):  # `module.Class: message` as traceback prints it
         message = rest

@@ -115,15 +115,19 @@ class PipesWorkers:
 
 
 class _NoClosingMessage(logging.Filter):
+    """Pipes' warnings that the workers did not close (or, ended while starting, did not open) their side."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return "did not receive closed message" not in record.getMessage()
+        message = record.getMessage()
+        return not message.startswith(("[pipes] did not receive closed message", "[pipes] did not receive any messages"))
 
 
 @contextmanager
 def ended_by_the_driver(context, grace_s: float) -> Iterator[None]:
     """Around closing a session's workers: with no grace, the driver ends them (a failed step, an
-    interrupted run), so they cannot send Pipes their closing message, and Pipes' warning that they
-    did not is what was meant, not news: it is left out of the log."""
+    interrupted run), so they cannot send Pipes their closing message (nor, ended while starting,
+    any message), and Pipes' warning that they did not is what was meant, not news: it is left out
+    of the log."""
     quiet = _NoClosingMessage() if grace_s <= 0 else None
     if quiet is not None:
         context.log.addFilter(quiet)
