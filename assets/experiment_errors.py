@@ -6,11 +6,12 @@ location, only its name, status and module."""
 
 from dagster import Definitions
 
+from assets.console import refuse_to_load
 from assets.experiments import problems, read
 from dagster_rl.errors import ExperimentError
 
 _files = read()
 if _files.errors:
-    raise ExperimentError(problems(_files))
+    refuse_to_load(ExperimentError(problems(_files)))
 
 defs = Definitions()

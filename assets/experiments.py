@@ -20,7 +20,19 @@ def experiments_dir() -> Path:
 
 
 def read() -> ExperimentFiles:
-    return read_experiments(experiments_dir())
+    directory = experiments_dir()
+    files = read_experiments(directory)
+    if str(directory) in files.errors and os.environ.get("DAGSTER_RL_EXPERIMENTS"):
+        files.errors[str(directory)] += (
+            f" (DAGSTER_RL_EXPERIMENTS={os.environ['DAGSTER_RL_EXPERIMENTS']} names it: set it to the folder that holds the "
+            "experiment files, or unset it to read the project's experiments/)"
+        )
+    return files
+
+
+def missing_folder(files: ExperimentFiles) -> str | None:
+    """The error of an experiments folder that is not there (no file of it could be read), or None."""
+    return files.errors.get(str(experiments_dir()))
 
 
 def problems(files: ExperimentFiles) -> str:

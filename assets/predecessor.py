@@ -40,6 +40,19 @@ def artifact_of(md: dict, asset: str) -> tuple[str, str]:
     return kind, check_key(key, f"artifact key {key!r} of a materialization of {asset}")
 
 
+def not_ours(md: dict, what: str, rerun_from: str) -> str | None:
+    """Why a materialization (its metadata values, `md`) was not written by dagster-rl, or None: every
+    step it materializes records the artifact it stored (`artifact_key`, `artifact_path`). A runless
+    materialization reported by hand without them names nothing to train from or check."""
+    if "artifact_key" in md or "artifact_path" in md:  # names an artifact: the checks of its key and content say the rest
+        return None
+    return (
+        f"the materialization of {what} was not written by dagster-rl: it records no artifact (no artifact_key), as a "
+        f"runless materialization reported by hand without metadata does. Re-run the range from step {rerun_from}, "
+        "which materializes it again"
+    )
+
+
 def missing_before(instance: DagsterInstance, exp: Experiment, first_step: int) -> list[str]:
     """The steps before `first_step` whose weights are not materialized: a range that starts at
     `first_step` needs every one of them first."""
@@ -62,6 +75,9 @@ def starting_weights(instance: DagsterInstance, exp: Experiment, first_step: int
         )
     record = instance.fetch_materializations(AssetRecordsFilter(asset_key=asset, asset_partitions=[prev]), limit=1).records[0]
     metadata = record.asset_materialization.metadata
+    foreign = not_ours({k: v.value for k, v in metadata.items()}, f"{exp.name}/weights {prev}", prev)
+    if foreign:
+        raise MissingPredecessorError(f"{foreign}; step {step_key(first_step)} starts from its weights.")
     trained_with = metadata["training_hash"].value if "training_hash" in metadata else None
     if trained_with != exp.training_hash():
         raise MissingPredecessorError(

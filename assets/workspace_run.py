@@ -40,6 +40,7 @@ MODULE, ATTRIBUTE = "assets.definitions", "defs"
 REPOSITORY = "__repository__"  # the name Dagster gives the repository of a `Definitions`
 INTERRUPTS = (KeyboardInterrupt, DagsterExecutionInterruptedError)
 _here: set[str] = set()  # the runs this process executes for a person at a terminal
+_canceled_here: set[str] = set()  # those of them an interrupt at the terminal canceled
 
 
 def job_origin(job_name: str, workspace: Path = WORKSPACE) -> RemoteJobOrigin:
@@ -83,4 +84,10 @@ def cancel_if_interrupted_here(instance: DagsterInstance, run) -> None:
     """For an interrupt of a run this process executes for a person at a terminal: mark it canceling,
     so that Dagster records it canceled (not failed, which a daemon's run retries would re-execute)."""
     if run.run_id in _here:
+        _canceled_here.add(run.run_id)
         instance.report_run_canceling(run, message="Interrupted at the terminal (Ctrl-C): the run is canceled and not retried.")
+
+
+def interrupted_here(run_id: str | None) -> bool:
+    """Whether an interrupt at this process's terminal canceled the run (the console says to resume)."""
+    return run_id in _canceled_here

@@ -108,10 +108,10 @@ class BanditLoop:
                 warn,
             )
             rollouts, rollouts_ref, rollouts_hit = stored.value, stored.ref, stored.hit
-            key = rewards_key("bandit-1", backends.judge, task=exp.task, rollouts=rollouts_ref.content_hash)
+            key = rewards_key("bandit-1", backends.judge, rollouts_ref, task=exp.task)
             scored = step_rewards(store, exp, key, stored, Judged(), backends.judge, warn, Rewards[PullReward])
             rewards, rewards_ref, rewards_hit = scored.value, scored.ref, scored.hit
-            key = weights_key("bandit-1", exp, weights.ref.content_hash, rewards_ref.content_hash, lr=exp.learning_rate)
+            key = weights_key("bandit-1", exp, weights.ref, rewards_ref, lr=exp.learning_rate)
             files, weights_ref, weights_hit = store.get_or_put_files(  # the logits, and what trained them (step, experiment)
                 "weights", key, lambda: {
                     DATA: canonical_json(backends.trainer.train(exp, weights.payload, rollouts.trajectories, rewards.rewards)),

@@ -13,6 +13,7 @@ The initial policy (version 0, no checkpoint) equals the base: LoRA B starts at 
 """
 
 import json
+import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -112,14 +113,26 @@ class Policy:
             self.model.base_model.enable_adapter_layers()
 
 
+# transformers' from_pretrained(dtype=...) sets torch's process-wide default dtype while it builds the
+# model and restores the one it found: two loads at once in two threads (generation and evaluation)
+# can restore each other's, leaving bfloat16 the default for every later float32 model of the process
+_LOADING = threading.Lock()
+
+
 def load_base(base_model: str, dtype: str = "float32") -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    if base_model.startswith(("/", "./", "../", "~")) and not Path(base_model).expanduser().is_dir():
+        raise DagsterRLError(
+            f"cannot load base model {base_model!r}: no such folder. Give a local model folder (config.json and weights), "
+            "or a hub id that is in the local Hugging Face cache when HF_HUB_OFFLINE=1."
+        )
     try:
         path = resolve_model(base_model)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        with _LOADING:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
         tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as e:
         raise DagsterRLError(
-            f"cannot load base model {base_model!r}: {e}. Give a local model folder, or a hub id that is "
+            f"cannot load base model {base_model!r}: {str(e).rstrip('.')}. Give a local model folder, or a hub id that is "
             "in the local Hugging Face cache when HF_HUB_OFFLINE=1."
         ) from None
     if tokenizer.pad_token_id is None:
