@@ -351,10 +351,9 @@ def _execute(instance, exp: Experiment, first: int, last: int, log_level: str):
     with warnings.catch_warnings():  # Dagster's notices about its own API, not about this run
         warnings.simplefilter("ignore", FutureWarning)
         config = {"loggers": {"console": {"config": {"log_level": log_level}}}}
-        try:
-            return execute_here(instance, f"{exp.name}_train", config, range_tags(first, last))
-        except DagsterRLError as e:  # the workspace names no code location of this repository: nothing ran
-            sys.exit(f"dagster-rl: {e}")
+        # a DagsterRLError (the workspace names no code location of this repository, the location refuses
+        # to load): nothing ran; `main` prints it as one message, its traceback too with --debug
+        return execute_here(instance, f"{exp.name}_train", config, range_tags(first, last))
 
 
 def cmd_runs(args: argparse.Namespace) -> None:
