@@ -29,6 +29,7 @@ from transformers.utils import logging as hf_logging
 
 from dagster_rl.errors import DagsterRLError
 from dagster_rl.hashing import canonical_json, content_hash, sha256_hex
+from dagster_rl.lm.model_build import building, check_whole
 from dagster_rl.lm.settings import GRPOLMSettings, LoRASettings, PolicySettings
 from dagster_rl.lm.tiny import resolve_model
 
@@ -115,13 +116,15 @@ class Policy:
 def load_base(base_model: str, dtype: str = "float32") -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     try:
         path = resolve_model(base_model)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        with building():
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+            tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as e:
         raise DagsterRLError(
             f"cannot load base model {base_model!r}: {e}. Give a local model folder, or a hub id that is "
             "in the local Hugging Face cache when HF_HUB_OFFLINE=1."
         ) from None
+    check_whole(model, base_model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
@@ -149,7 +152,7 @@ def attach_lora(model: torch.nn.Module, lora: LoRASettings) -> PeftModel:
             f"than the layers it adapts (see dagster_rl.bounds). Use a rank of at most {hidden}."
         )
     config = lora_config(lora)
-    with torch.random.fork_rng(devices=[]):
+    with building(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(lora.init_seed)
         try:
             with warnings.catch_warnings():  # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing`
