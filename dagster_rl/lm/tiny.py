@@ -35,6 +35,9 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
 
+from dagster_rl.lm.model_build import building
+from dagster_rl.lm.packaged import PACKAGED, provision
+
 PAD, EOS = "<pad>", "<eos>"
 DIGITS = tuple(str(d) for d in range(10))
 WORDS = ("copy", "last", "what", "is", "the", "answer", "+", "-", "=", "?", ":", ".", ",", "####")
@@ -130,7 +133,7 @@ def tiny_model(seed: int = 0, builtin: str = "tiny-qwen2") -> PreTrainedModel:
     spec = BUILTINS[builtin]
     tok = spec.tokenizer()
     config = tiny_config(len(tok), tok.pad_token_id, tok.eos_token_id, hidden=spec.hidden, layers=spec.layers)
-    with torch.random.fork_rng(devices=[]):
+    with building(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model.eval()
@@ -166,8 +169,10 @@ def resolve_model(name: str) -> str:
     if not name.startswith(BUILTIN_PREFIX):
         return name
     builtin = name[len(BUILTIN_PREFIX) :]
+    if builtin in PACKAGED:  # a pretrained model that ships in a package, converted once
+        return str(provision(builtin, model_cache_dir()))
     if builtin not in BUILTINS:
-        raise ValueError(f"no built-in model {builtin!r}; built-in models: {', '.join(BUILTINS)}")
+        raise ValueError(f"no built-in model {builtin!r}; built-in models: {', '.join([*BUILTINS, *PACKAGED])}")
     folder = model_cache_dir() / builtin
     if not (folder / "config.json").exists():
         tmp = Path(tempfile.mkdtemp(prefix=f".{builtin}-", dir=folder.parent if folder.parent.exists() else None))
