@@ -29,6 +29,7 @@ from transformers.utils import logging as hf_logging
 
 from dagster_rl.errors import DagsterRLError
 from dagster_rl.hashing import canonical_json, content_hash, sha256_hex
+from dagster_rl.lm.cpu_bf16 import check_bf16_cpu
 from dagster_rl.lm.model_build import building, check_whole
 from dagster_rl.lm.settings import GRPOLMSettings, LoRASettings, PolicySettings
 from dagster_rl.lm.tiny import resolve_model
@@ -180,9 +181,12 @@ def resolve_device(setting: str, index: int | None = None) -> torch.device:
 def load_policy(settings: PolicySettings, checkpoint: dict[str, bytes] | None = None, device: torch.device | None = None) -> Policy:
     """The base with the checkpoint's adapter, or with a fresh one (version 0) when there is none, on
     `device` (default: the settings' device)."""
+    device = device or resolve_device(settings.device)
+    if settings.dtype == "bfloat16" and device.type == "cpu":
+        check_bf16_cpu("policy.dtype")
     base, tokenizer = load_base(settings.base_model, settings.dtype)
     model = attach_lora(base, settings.lora)  # on the CPU: LoRA A is drawn from the CPU generator everywhere
-    model.to(device or resolve_device(settings.device))
+    model.to(device)
     policy = Policy(model=model, tokenizer=tokenizer, version=0, settings=settings)
     if checkpoint is not None:
         load_adapter(policy, checkpoint)

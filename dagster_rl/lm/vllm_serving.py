@@ -20,6 +20,7 @@ import shlex
 from pathlib import Path
 
 from dagster_rl.errors import DagsterRLError
+from dagster_rl.lm.cpu_bf16 import check_bf16_cpu
 from dagster_rl.lm.experiment import LMExperiment
 from dagster_rl.lm.prompts import encode_prompt, load_prompt_set
 from dagster_rl.lm.tiny import resolve_model
@@ -60,6 +61,8 @@ def vllm_command_for(
     exp: LMExperiment, port: int, *, python: str = "python", host: str = "127.0.0.1", threads: int | None = None, max_model_len: int = MAX_MODEL_LEN
 ) -> list[str]:
     """The command that serves `exp`'s base model and adapters on vLLM's CPU build (`vllm_cpu_command`)."""
+    if exp.policy.dtype == "bfloat16":
+        check_bf16_cpu(f"experiment {exp.name}'s policy.dtype, which vLLM serves as --dtype")
     folder = resolve_model(exp.policy.base_model)
     length = min(max_model_len, model_context(folder) or max_model_len)
     needed = longest_sequence(exp, folder)
