@@ -7,12 +7,12 @@ import subprocess
 from dagster import DagsterInstance
 
 from tests.conftest import shipped_settings
-from tests.lm_fixtures import ON_POLICY_ROUNDING
 from tests.smollm2 import require_smollm2
 from tests.test_processes import BIN, REPO, home_with
 from tests.harness import open_lab
 
 NAME = "smollm2_arithmetic"
+FLOAT32_TOLERANCE = 1e-3
 STEPS = ("0000", "0001", "0002")
 TINY_BATCH = {
     "n_steps": 3,
@@ -43,7 +43,9 @@ def test_three_steps_of_the_shipped_experiment_through_dagster_rl_train(tmp_path
     assert [w["weights_version"] for w in weights] == [1, 2, 3]
     assert all(w["n_trials"] == 4 and w["policy_lag"] == 0.0 for w in weights)
     assert all(0.0 <= w["judge_s"] <= w["generate_s"] and w["train_s"] > 0.0 for w in weights)  # a step's time, split
-    # on-policy at every step: the trainer's log-probs of the sampled tokens are the sampler's
-    assert all(w["logp_max_dev"] < ON_POLICY_ROUNDING for w in weights), [w["logp_max_dev"] for w in weights]
+    # on-policy at every step: the trainer's log-probs of the sampled tokens are the sampler's, within the
+    # on_policy check's float32 bound (30 layers of hidden 576 round more than the tiny models: up to 1.6e-4
+    # measured over 15 steps of 48 samples)
+    assert all(w["logp_max_dev"] <= FLOAT32_TOLERANCE for w in weights), [w["logp_max_dev"] for w in weights]
     assert all(e["n_prompts"] == 4 and e["weights_version"] == v for e, v in zip(evaluations, (1, 2, 3)))
     assert len({e["base_accuracy"] for e in evaluations}) == 1  # the base, evaluated once, the same for every step

@@ -13,10 +13,9 @@ from tests.conftest import new_dagster_home, shipped_settings, write_experiments
 from tests.harness import failure_message, open_lab
 from tests.servers import free_port
 from tests.smollm2 import require_smollm2
-from tests.test_lm_smollm2_train import NAME, TINY_BATCH
+from tests.test_lm_smollm2_train import FLOAT32_TOLERANCE, NAME, TINY_BATCH
 from tests.vllm_server import STARTUP_TIMEOUT_S, require_vllm
 
-FLOAT32_TOLERANCE = 1e-3
 LOADED = re.compile(r"Loaded new LoRA adapter: name '([^']+)', path '([^']+)'")
 
 

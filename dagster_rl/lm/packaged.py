@@ -29,6 +29,7 @@ from pathlib import Path
 
 from dagster_rl.errors import DagsterRLError
 from dagster_rl.lm.model_build import building, check_whole
+from dagster_rl.lm.model_cache import model_cache_dir
 
 
 @dataclass(frozen=True)
@@ -151,8 +152,6 @@ def provision(name: str, cache: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dagster_rl.lm.tiny import model_cache_dir
-
     names = argv if argv is not None else sys.argv[1:]
     for name in names or list(PACKAGED):
         print(provision(name, model_cache_dir()))

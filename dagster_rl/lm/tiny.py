@@ -23,7 +23,6 @@ with two eos ids), which a server must not apply to rollouts the trainer scores.
 """
 
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
 
 from dagster_rl.lm.model_build import building
+from dagster_rl.lm.model_cache import model_cache_dir
 from dagster_rl.lm.packaged import PACKAGED, provision
 
 PAD, EOS = "<pad>", "<eos>"
@@ -154,10 +154,6 @@ def save_tiny_model(directory: Path | str, seed: int = 0, builtin: str = "tiny-q
 
 
 BUILTIN_PREFIX = "builtin:"
-
-
-def model_cache_dir() -> Path:
-    return Path(os.environ.get("DAGSTER_RL_MODEL_CACHE", Path.home() / ".cache" / "dagster_rl" / "models"))
 
 
 def resolve_model(name: str) -> str:
