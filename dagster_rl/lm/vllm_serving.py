@@ -62,7 +62,7 @@ def vllm_command_for(
 ) -> list[str]:
     """The command that serves `exp`'s base model and adapters on vLLM's CPU build (`vllm_cpu_command`)."""
     if exp.policy.dtype == "bfloat16":
-        check_bf16_cpu(f"experiment {exp.name}'s policy.dtype, which vLLM serves as --dtype")
+        check_bf16_cpu(f"experiment {exp.name}'s policy.dtype (vLLM's --dtype)")
     folder = resolve_model(exp.policy.base_model)
     length = min(max_model_len, model_context(folder) or max_model_len)
     needed = longest_sequence(exp, folder)
