@@ -180,7 +180,8 @@ def run_ours(args, model_dir: Path) -> dict:
     from dagster_rl.lm.policy import make_optimizer
 
     sampling, grpo, rubric = settings(args)
-    policy = lm_common.make_policy(model_dir, lora_of(args), device=args.device, dtype=args.dtype)
+    dtype = "bfloat16" if args.worker == "ours-bf16" else args.dtype
+    policy = lm_common.make_policy(model_dir, lora_of(args), device=args.device, dtype=dtype)
     optimizer = make_optimizer(policy, grpo)
     prompt_set = prompt_set_of(args)
     clock = Clock()
@@ -193,10 +194,11 @@ def run_ours(args, model_dir: Path) -> dict:
     reset_gpu_peak()
     for step in range(args.steps):
         clock.start()
-        _, rewards, _ = in_memory.inprocess_step(
+        _, rewards, metrics = in_memory.inprocess_step(
             policy, optimizer, prompt_set, args.seed, step, args.prompts, args.samples, sampling, rubric, grpo
         )
-        clock.stop(mean_reward=sum(r.reward for r in rewards) / len(rewards))
+        # the sampler's log-probs against the trainer's (the on_policy check's numbers)
+        clock.stop(mean_reward=sum(r.reward for r in rewards) / len(rewards), logp_max_dev=metrics.logp_max_dev, logp_mean_dev=metrics.logp_mean_dev)
     return _memory(clock, rss_start)
 
 
@@ -322,7 +324,7 @@ def worker(args) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    result = (run_ours if args.worker == "ours" else run_trl)(args, Path(args.model_dir))  # trl, trl-nogc
+    result = (run_ours if args.worker.startswith("ours") else run_trl)(args, Path(args.model_dir))  # trl, trl-nogc
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -352,6 +354,10 @@ def summary(runs: list[dict]) -> dict[str, float]:
     med["first"] = statistics.median(r["steps"][0]["step"] for r in runs)
     med["reward_first"] = runs[0]["steps"][0]["mean_reward"]
     med["reward_last"] = runs[0]["steps"][-1]["mean_reward"]
+    every = [s for r in runs for s in r["steps"]]
+    if "logp_max_dev" in every[0]:  # ours: the on_policy check's numbers, over every step of every run
+        med["logp_max_dev"] = max(s["logp_max_dev"] for s in every)
+        med["logp_mean_dev"] = max((s["logp_mean_dev"] for s in every), key=abs)
     return med
 
 
@@ -373,12 +379,12 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="of the base model")
     parser.add_argument("--micro-batch-tokens", type=int, default=0, help="ours: grpo.micro_batch_tokens (0: its default)")
-    parser.add_argument("--engines", default="ours,trl", help="which engines to run, of ours, trl (its defaults), trl-nogc (gradient checkpointing off)")
+    parser.add_argument("--engines", default="ours,trl", help="which engines to run, of ours, ours-bf16 (ours, the base in bfloat16), trl (its defaults), trl-nogc (gradient checkpointing off)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each engine, alternated")
     parser.add_argument("--trl-python", default=sys.executable, help="the python that has trl (default: this one)")
     parser.add_argument("--model", default="", help="a model folder or builtin: name (default: the tiny model of --hidden/--layers)")
     parser.add_argument("--prompts-path", default="builtin:addition-1-20", help="with --model: a GSM8K-format prompt set")
-    parser.add_argument("--worker", choices=("ours", "trl", "trl-nogc"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("ours", "ours-bf16", "trl", "trl-nogc"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -399,7 +405,7 @@ def main() -> None:
             f"TRL skipped: `{args.trl_python} -c 'import trl'` failed ({why}). Install trl in a separate venv "
             "(see this file's docstring) and pass --trl-python."
         )
-    engines = {"ours": sys.executable, **({"trl": args.trl_python, "trl-nogc": args.trl_python} if why is None else {})}
+    engines = {"ours": sys.executable, "ours-bf16": sys.executable, **({"trl": args.trl_python, "trl-nogc": args.trl_python} if why is None else {})}
     engines = {k: v for k, v in engines.items() if k in args.engines.split(",")}
     runs: dict[str, list[dict]] = {k: [] for k in engines}
     loads = []
@@ -433,6 +439,16 @@ def main() -> None:
         "(ours: one forward and backward per micro-batch; TRL: the whole batch at once)"
     )
     memory = "gpu_peak" if gpu else "rss_hwm"
+    for name, m in rows.items():
+        if "logp_max_dev" in m:
+            print(f"on-policy, {name}: max |logp_trainer - logp_sampler| {m['logp_max_dev']:.2e}, largest |mean| {m['logp_mean_dev']:+.2e} (every step of every run)")
+    if "ours" in rows and "ours-bf16" in rows:
+        o, b = rows["ours"], rows["ours-bf16"]
+        print(
+            f"bfloat16 / float32 (ours): step time {b['step'] / o['step']:.2f} (CPU time {b['cpu'] / o['cpu']:.2f}; decode "
+            f"{b['decode'] / o['decode']:.2f}, train {b['train'] / o['train']:.2f}), RSS high-water mark "
+            f"{results['ours-bf16'][memory] / max(results['ours'][memory], 1):.2f}"
+        )
     for trl in ("trl", "trl-nogc"):
         if trl not in rows or "ours" not in rows:
             continue
