@@ -3,13 +3,14 @@ from the Dagster instance and the artifact store ($DAGSTER_HOME/artifacts unless
 names another fsspec URL); and the subcommands tasks add (`dagster-rl serve`: a model over vLLM's
 OpenAI-compatible API).
 
-`train` runs a range of steps as one run of the experiment's `<exp>_train` job on the instance
-(in this process, as `dagster asset materialize` does), after checking the experiment, the range
-and DAGSTER_HOME, and prints the concise console (`assets.console`). Artifacts are found by the key
-a materialization records, checked to be a content key, under the store given here: metadata never
-becomes a path, and a moved DAGSTER_HOME or store still works. `status`, `runs`, `lineage` and
-`verify` only read: a bad artifact is reported, never moved; `verify --repair` moves the bad ones to
-the store's quarantine (as a run that reads them would).
+`train` runs a range of steps as one run of the experiment's `<exp>_train` job of the workspace's
+code location (in this process: no daemon needed; the UI shows it as a run it launched), after
+checking the experiment, the range and DAGSTER_HOME, and prints the concise console
+(`assets.console`). Artifacts are found by the key a materialization records, checked to be a
+content key, under the store given here: metadata never becomes a path, and a moved DAGSTER_HOME
+or store still works. `status`, `runs`, `lineage` and `verify` only read: a bad artifact is
+reported, never moved; `verify --repair` moves the bad ones to the store's quarantine (as a run that
+reads them would).
 
 Dagster, torch and the task's heavy modules are imported by the commands that use them, so that
 `--help` and `status` answer at once (`bench/cli_startup.py` measures it).
@@ -18,20 +19,22 @@ Dagster, torch and the task's heavy modules are imported by the commands that us
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from assets.chain import CHAIN, step_assets
-from assets.experiments import experiments_dir, problems, read
-from assets.run_tags import range_tags, run_range
+from assets.experiments import experiments_dir, missing_folder, problems, read
+from assets.run_tags import RESUME, range_tags, run_range
 from dagster_rl.errors import CorruptArtifactError, DagsterRLError, StoreLinkError
 from dagster_rl.experiment import Experiment, step_key
 from dagster_rl.task import BUILTIN_TASKS, task_of
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent  # the child of `_in_own_group` imports `assets` from here
 BASE_COLUMNS = ("step", "state", "cache", "trials", "mean_reward", "success")
 LAST_COLUMNS = ("weights_v", "attempt")
+NOT_MATERIALIZED = "not materialized"
 
 
 def latest(instance, exp: Experiment, asset: str, step: str | None) -> dict | None:
@@ -67,7 +70,10 @@ def step_rows(instance, exp: Experiment, store=None) -> list[dict[str, str]]:
     for step in exp.step_keys:
         md = latest(instance, exp, "weights", step)
         if md is None:
-            rows.append({"step": step, "state": "-"})
+            rows.append({"step": step, "state": NOT_MATERIALIZED})
+            continue
+        if (foreign := _not_ours(md, f"{exp.name}/weights {step}", step)) is not None:
+            rows.append({"step": step, "state": "foreign", "notes": [foreign]})  # type: ignore[dict-item]
             continue
         others = [m for a in extra if (m := latest(instance, exp, a, step)) is not None]  # e.g. its held-out evaluation
         row = {
@@ -103,9 +109,15 @@ def warmup_row(instance, exp: Experiment, columns: dict[str, str]) -> dict[str, 
         return None
     md = latest(instance, exp, spec.name, None)
     if md is None:
-        return {"step": spec.name, "state": "-"}
+        return {"step": spec.name, "state": NOT_MATERIALIZED}
     shown = {c: _shown(md[key]) for c, key in columns.items() if key in md}
     return {"step": spec.name, "state": "materialized", "cache": str(md.get("cache", "")), **shown, "weights_v": "0"}
+
+
+def _not_ours(md: dict, what: str, step: str) -> str | None:
+    from assets.predecessor import not_ours
+
+    return not_ours(md, what, step or "0000")
 
 
 def _artifact_present(instance, exp: Experiment, asset: str, step: str, store) -> bool:
@@ -132,6 +144,8 @@ def format_table(rows: list[dict[str, str]], columns: tuple[str, ...] | None = N
 
 def _experiment(name: str) -> Experiment:
     files = read()
+    if (missing := missing_folder(files)) is not None:
+        sys.exit(f"dagster-rl: {missing}")
     if name in files.experiments:
         if files.errors:
             print(f"dagster-rl: {problems(files)}", file=sys.stderr)
@@ -186,12 +200,22 @@ def cmd_status(args: argparse.Namespace) -> None:
     exp = _experiment(args.experiment)
     with _instance() as instance:
         rows = step_rows(instance, exp, _store(args))
-    if not args.all:
-        last = max((i for i, r in enumerate(rows) if r["state"] != "-"), default=-1)
-        rows = rows[: max(last + 2, 1)]
     done = sum(r["state"] == "materialized" and r["step"].isdigit() for r in rows)
     print(f"experiment {exp.name}: {done} of {exp.n_steps} steps materialized")
-    print(format_table(rows))
+    print(format_table(rows if args.all else spans_of_missing(rows)))
+
+
+def spans_of_missing(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The rows, with each run of consecutive steps not materialized as one row `FIRST...LAST`."""
+    out: list[dict[str, str]] = []
+    for row in rows:
+        last = out[-1] if out else None
+        missing = row["state"] == NOT_MATERIALIZED and row["step"].isdigit()  # a step, not the warm-up
+        if missing and last is not None and last["state"] == NOT_MATERIALIZED and last["step"][:4].isdigit():
+            out[-1] = {**last, "step": f"{last['step'][:4]}...{row['step']}"}
+        else:
+            out.append(row)
+    return out
 
 
 def parse_range(exp: Experiment, text: str | None) -> tuple[int, int]:
@@ -215,10 +239,15 @@ def parse_range(exp: Experiment, text: str | None) -> tuple[int, int]:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    """Check the experiment, the range and DAGSTER_HOME; then run the range as one run of
-    `<exp>_train` on the instance, in this process, with the concise console."""
+    """Check the experiment, the range and DAGSTER_HOME; then, in a child process of a session of its
+    own (`_in_own_group`), check that the steps before the range are materialized and run the range
+    as one run of `<exp>_train` on the instance, in that process, with the concise console."""
     exp = _experiment(args.experiment)
     first, last = parse_range(exp, args.range)
+    if (problem := home_problem()) is not None:
+        sys.exit(f"dagster-rl: {problem}")
+    if not args.run_here:
+        sys.exit(_in_own_group(["train", exp.name, f"{step_key(first)}...{step_key(last)}", "--log-level", args.log_level], args))
     with _instance() as instance:
         from assets.predecessor import missing_before
 
@@ -230,28 +259,102 @@ def cmd_train(args: argparse.Namespace) -> None:
                 f"{missing[0]}, e.g.\n    .venv/bin/dagster-rl train {exp.name} {missing[0]}...{step_key(last)}"
             )
         result = _execute(instance, exp, first, last, args.log_level)
-    if not result.success:
-        sys.exit(1)  # the console said why
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run has ended as it says: a late Ctrl-C changes nothing
+        if not result.success:
+            sys.exit(INTERRUPTED_EXIT if _was_interrupted(instance, result.run_id) else 1)  # the console said why
+
+
+INTERRUPTED_EXIT = 130  # as a shell reports a command ended by Ctrl-C
+PARENT_FD = "DAGSTER_RL_PARENT_FD"  # the child's end of a pipe to `dagster-rl train`: EOF when it is gone
+
+
+def _in_own_group(argv: list[str], args: argparse.Namespace) -> int:
+    """Run `dagster-rl <argv>` (the run itself) in a child process in a session of its own, and
+    relay Ctrl-C, SIGTERM and SIGHUP to it as one SIGINT each; return its exit status.
+
+    A terminal's Ctrl-C goes to every process of its foreground group: Dagster's log tails and a
+    trainer's torchrun would each print their own traceback or warning. Relayed to the run's process
+    alone, it is Dagster's interruption: it interrupts its step processes, which stop their
+    workers, and the console says `interrupted; re-run the same range to resume`, and nothing else.
+    The child interrupts itself the same way when this process dies (its end of a pipe closes)."""
+    import subprocess
+
+    read_end, write_end = os.pipe()
+    flags = [*(["--debug"] if args.debug else []), *(["--artifacts", args.artifacts] if args.artifacts else [])]
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    child = subprocess.Popen(
+        [sys.executable, "-m", "assets.cli", *flags, *argv, "--run-here"],
+        env={**os.environ, PARENT_FD: str(read_end), "PYTHONPATH": path},  # the same folder and settings as this one
+        pass_fds=(read_end,),
+        start_new_session=True,
+    )
+    os.close(read_end)
+
+    def relay(signum, frame) -> None:
+        child.send_signal(signal.SIGINT)
+
+    relayed = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {s: signal.signal(s, relay) for s in relayed}
+    try:
+        code = child.wait()
+        return code if code >= 0 else 128 - code  # ended by a signal: as a shell reports it
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        os.close(write_end)
+
+
+def _interrupt_when_parent_goes() -> None:
+    """In the child of `_in_own_group`: a SIGINT to this process (Dagster's interruption) when the
+    `dagster-rl train` that started it is gone, whatever ended it."""
+    import threading
+
+    fd = os.environ.pop(PARENT_FD, "")
+    if not fd.isdigit():
+        return
+
+    def watch() -> None:
+        try:
+            while os.read(int(fd), 1):
+                pass
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=watch, name="dagster-rl-parent", daemon=True).start()
+
+
+def _was_interrupted(instance, run_id: str) -> bool:
+    """Whether the run ended because it was interrupted (Ctrl-C, SIGTERM): canceled by it here, or
+    failed with the interruption, as its log records."""
+    from dagster import DagsterEventType
+
+    from assets.console import interrupted
+
+    from assets.workspace_run import interrupted_here
+
+    if interrupted_here(run_id):  # Ctrl-C here canceled it
+        return True
+    records = instance.get_records_for_run(run_id, of_type=DagsterEventType.RUN_FAILURE, limit=1).records
+    error = getattr(records[0].event_log_entry.dagster_event.event_specific_data, "error", None) if records else None
+    return interrupted(error)
 
 
 def _execute(instance, exp: Experiment, first: int, last: int, log_level: str):
-    """One run of `<exp>_train` over first...last, as `dagster asset materialize` runs one: in this
-    process, each step in a child process of the code location's executor."""
+    """One run of `<exp>_train` over first...last, a run of the workspace's code location (the UI's
+    job page, timeline and Re-execute see it), executed in this process as `execute_job` executes
+    one: each step in a child process of the code location's executor (`assets.workspace_run`)."""
     import warnings
 
-    from dagster import execute_job
-    from dagster._core.definitions.reconstruct import ReconstructableRepository
+    from assets.workspace_run import execute_here
 
     with warnings.catch_warnings():  # Dagster's notices about its own API, not about this run
         warnings.simplefilter("ignore", FutureWarning)
-        repository = ReconstructableRepository.for_module("assets.definitions", "defs", working_directory=str(REPO))
-        job = repository.get_reconstructable_job(f"{exp.name}_train")
-        return execute_job(
-            job,
-            instance,
-            run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
-            tags=range_tags(first, last),
-        )
+        config = {"loggers": {"console": {"config": {"log_level": log_level}}}}
+        try:
+            return execute_here(instance, f"{exp.name}_train", config, range_tags(first, last))
+        except DagsterRLError as e:  # the workspace names no code location of this repository: nothing ran
+            sys.exit(f"dagster-rl: {e}")
 
 
 def cmd_runs(args: argparse.Namespace) -> None:
@@ -313,31 +416,75 @@ def parse_step(exp: Experiment, text: str) -> str:
 
 
 def cmd_lineage(args: argparse.Namespace) -> None:
+    """The chain of a step's weights back to step 0, read from the store; each step's artifacts are
+    checked against the experiment's materializations of that step as `verify` checks them, and a
+    mismatch is flagged under the step (exit 1)."""
     from dagster_rl.lineage import trace
     from dagster_rl.store import check_key
 
     exp = _experiment(args.experiment)
     step = parse_step(exp, args.step)
+    store = _store(args)
     with _instance() as instance:
         md = latest(instance, exp, "weights", step)
-    if md is None:
-        sys.exit(f"dagster-rl: {exp.name}/weights has no materialization for step {step}; run it first")
-    store = _store(args)
-    try:
-        chain = trace(store, check_key(md.get("artifact_key"), f"artifact key of {exp.name}/weights {step}"))
-    except DagsterRLError as e:
-        sys.exit(f"dagster-rl: {e}")
+        if md is None:
+            sys.exit(f"dagster-rl: {exp.name}/weights has no materialization for step {step}; run it first")
+        if (foreign := _not_ours(md, f"{exp.name}/weights {step}", step)) is not None:
+            sys.exit(f"dagster-rl: {foreign}.")
+        try:
+            chain = trace(store, check_key(md.get("artifact_key"), f"artifact key of {exp.name}/weights {step}"))
+        except DagsterRLError as e:
+            sys.exit(f"dagster-rl: {e}")
+        flags = {s.step: _lineage_flags(instance, exp, store, s) for s in chain}
+    bad = sorted(k for k, f in flags.items() if f)
     if args.json:
-        print(json.dumps([dict(s.model_dump(), seeds_hash=s.seeds_hash) for s in chain], indent=2))
-        return
-    print(f"lineage of {exp.name}/weights {step} (artifacts in {store.url}, experiment seed {exp.seed})")
-    for s in chain:
-        b = s.behavior_policy
-        print(f"step {step_key(s.step)}  weights v{s.weights_version} {s.weights_hash[:16]} (key {s.weights_key[:16]})")
-        print(f"  <- rewards  {s.rewards_hash[:16]}  rubric {s.rubric.get('name')} {_rubric_weights(s.rubric)}")
-        print(f"  <- rollouts {s.rollouts_hash[:16]}  {s.n_trajectories} trajectories, {len(s.skipped)} skipped, "
-              f"seeds {s.seeds_hash[:16]} ({_seed_span(s.seeds)})")
-        print(f"  <- behavior policy: weights {b['partition']} v{b['version']} {str(b['content_hash'])[:16]}")
+        print(json.dumps([dict(s.model_dump(), seeds_hash=s.seeds_hash, problems=flags[s.step]) for s in chain], indent=2))
+    else:
+        print(f"lineage of {exp.name}/weights {step} (artifacts in {store.url}, experiment seed {exp.seed})")
+        for s in chain:
+            b = s.behavior_policy
+            print(f"step {step_key(s.step)}  weights v{s.weights_version} {s.weights_hash[:16]} (key {s.weights_key[:16]})")
+            print(f"  <- rewards  {s.rewards_hash[:16]}  rubric {s.rubric.get('name')} {_rubric_weights(s.rubric)}")
+            print(f"  <- rollouts {s.rollouts_hash[:16]}  {s.n_trajectories} trajectories, {len(s.skipped)} skipped, "
+                  f"seeds {s.seeds_hash[:16]} ({_seed_span(s.seeds)})")
+            print(f"  <- behavior policy: weights {b['partition']} v{b['version']} {str(b['content_hash'])[:16]}")
+            for problem in flags[s.step]:
+                print(f"  MISMATCH {problem}")
+    if bad:
+        print(
+            f"{sum(len(flags[k]) for k in bad)} mismatch(es) with what Dagster recorded: `dagster-rl verify {exp.name}` lists "
+            f"every bad artifact; re-run from step {step_key(bad[0])}.",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+
+
+def _lineage_flags(instance, exp: Experiment, store, s) -> list[str]:
+    """What is wrong with one step of a lineage: each of its artifacts against the latest
+    materialization of this experiment's step (as `verify` checks it), and that materialization
+    names the artifact the chain went through."""
+    partition, flags = step_key(s.step), []
+    hashes = {"rollouts": (s.rollouts_key, s.rollouts_hash), "rewards": (s.rewards_key, s.rewards_hash), "weights": (s.weights_key, s.weights_hash)}
+    for asset in CHAIN:
+        md = latest(instance, exp, asset, partition)
+        if md is None:
+            continue  # another experiment's step (a fork's parent), or not materialized here
+        problem, _ = artifact_problem(store, md, asset, partition, exp)
+        if problem is not None:
+            flags.append(f"{asset} {partition}: {problem}")
+            continue
+        key, recorded = hashes[asset]
+        if md.get("artifact_key") != key:
+            flags.append(
+                f"{asset} {partition}: the chain goes through {asset}/{key[:16]}, but the latest materialization of "
+                f"{exp.name}/{asset} {partition} names {asset}/{str(md.get('artifact_key'))[:16]} (a later run superseded it)"
+            )
+        elif md.get("content_hash") != recorded:
+            flags.append(
+                f"{asset} {partition}: the step after it recorded content hash {recorded[:16]}, the materialization "
+                f"{str(md.get('content_hash'))[:16]}"
+            )
+    return flags
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
@@ -349,7 +496,7 @@ def cmd_verify(args: argparse.Namespace) -> None:
     with _instance() as instance:
         for step, asset, md in _materializations(instance, exp):
             checked += 1
-            problem, fix = artifact_problem(store, md, asset)
+            problem, fix = artifact_problem(store, md, asset, step, exp)
             if problem is not None:
                 repaired = fix() if args.repair and fix is not None else None
                 bad.append((step, f"{asset} {step}".rstrip(), problem, repaired))
@@ -386,11 +533,16 @@ def _materializations(instance, exp: Experiment):
                 yield step, asset, md
 
 
-def artifact_problem(store, md: dict, asset: str) -> tuple[str | None, Any]:
-    """What is wrong with the artifact a materialization names (its files, a link, or a content
-    hash other than the one the materialization recorded), and how `--repair` fixes it (or None)."""
+def artifact_problem(store, md: dict, asset: str, step: str, exp: Experiment) -> tuple[str | None, Any]:
+    """What is wrong with the artifact the materialization of `<exp>/<asset> <step>` names (step ''
+    for the warm-up): a materialization dagster-rl did not write, the artifact's files, a link, a
+    content hash other than the one the materialization recorded, or an artifact that another step
+    made (a copied materialization); and how `--repair` fixes it (or None)."""
     from assets.predecessor import artifact_of
 
+    what = f"{exp.name}/{asset} {step}".rstrip()
+    if (foreign := _not_ours(md, what, step)) is not None:
+        return foreign, None
     try:
         kind, key = artifact_of(md, asset)
     except DagsterRLError as e:
@@ -409,7 +561,37 @@ def artifact_problem(store, md: dict, asset: str) -> tuple[str | None, Any]:
             "(its files and manifest were changed together after the step, or the materialization was not the "
             "step's own)"
         ), lambda: store.move_aside(kind, key, reason="mismatch")
+    made_by = _made_by(store, kind, key, asset, step, exp)
+    if made_by is not None:
+        return (
+            f"the materialization of {what} names artifact {kind}/{key}, which {made_by}: not the step's own (the "
+            f"materialization was copied from another partition or experiment, or reported by hand). Re-run from step "
+            f"{step or '0000'}, which materializes the step's own"
+        ), None
     return None, None
+
+
+def _made_by(store, kind: str, key: str, asset: str, step: str, exp: Experiment) -> str | None:
+    """What the artifact's own record says made it, when that is not step `step` of the experiment's
+    cache family (None: it is, or it records nothing to compare: the warm-up, a task's extra asset)."""
+    from dagster_rl.records import STATS
+    from dagster_rl.store import DATA
+
+    if not step or asset not in CHAIN:
+        return None
+    try:
+        if asset == "weights":
+            record = json.loads(store.get(kind, key, STATS)) if STATS in store.names(kind, key) else {}
+            made, family = record.get("step"), record.get("experiment", exp.family)
+            if not record:
+                return "holds no record of a training step (initial or warm-up weights)"
+        else:
+            made, family = json.loads(store.get(kind, key, DATA)).get("step"), exp.family
+    except (DagsterRLError, ValueError, AttributeError):
+        return None  # unreadable: reported by the checks above
+    if made == int(step) and family == exp.family:
+        return None
+    return f"step {step_key(made) if isinstance(made, int) else made} of experiment {family} made"
 
 
 def _rubric_weights(rubric: dict) -> str:
@@ -425,6 +607,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="dagster-rl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifacts", default="", help="the artifact store's fsspec URL (default: $DAGSTER_HOME/artifacts)")
+    parser.add_argument("--debug", action="store_true", help="on an error, print its traceback too (default: its message)")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser(
         "train",
@@ -433,10 +616,11 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("experiment")
     train.add_argument("range", nargs="?", help="FIRST...LAST (e.g. 0008...0011) or one step (e.g. 8); default: every step")
     train.add_argument("--log-level", default="INFO", help="the console's level: INFO (a line per step) or DEBUG (every event)")
+    train.add_argument("--run-here", action="store_true", help=argparse.SUPPRESS)  # the child of `_in_own_group`
     train.set_defaults(fn=cmd_train)
-    status = sub.add_parser("status", help="table of an experiment's steps, read from $DAGSTER_HOME")
+    status = sub.add_parser("status", help="table of every step of an experiment, read from $DAGSTER_HOME")
     status.add_argument("experiment")
-    status.add_argument("--all", action="store_true", help="list every step, not just up to the first missing one")
+    status.add_argument("--all", action="store_true", help="a row for every step (default: one row for each span of steps not materialized)")
     status.set_defaults(fn=cmd_status)
     runs = sub.add_parser("runs", help="an experiment's latest runs: id, status, steps, start, and a failed run's error")
     runs.add_argument("experiment")
@@ -461,7 +645,38 @@ def main(argv: list[str] | None = None) -> None:
                 command.add_arguments(cmd)
             cmd.set_defaults(fn=command.run)
     args = parser.parse_args(argv)
-    args.fn(args)
+    if getattr(args, "run_here", False):
+        _interrupt_when_parent_goes()
+    try:
+        args.fn(args)
+        sys.stdout.flush()  # here, not at exit: a reader that closed the pipe is one more case below
+    except KeyboardInterrupt:
+        print(RESUME if args.command == "train" else "interrupted", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)
+    except BrokenPipeError:  # `dagster-rl lineage demo 7 | head`: the reader has what it wanted
+        _quiet_closed_stdout()
+        sys.exit(0)
+    except Exception as e:  # noqa: BLE001 - every error is one message; the traceback behind --debug
+        if args.debug:
+            sys.excepthook = sys.__excepthook__  # the whole traceback, whatever a code location that failed to load set
+            raise
+        sys.exit(one_message(e))
+
+
+def one_message(error: BaseException) -> str:
+    """What `dagster-rl` prints of an error: its message, which says what was wrong and what to do;
+    for an error dagster-rl did not raise on purpose, its type too, and where its traceback is."""
+    if isinstance(error, DagsterRLError):
+        return f"dagster-rl: {error}"
+    return f"dagster-rl: {type(error).__name__}: {error} (`dagster-rl --debug ...` shows the traceback)"
+
+
+def _quiet_closed_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's flush at exit does not fail on the closed pipe again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

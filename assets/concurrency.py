@@ -44,10 +44,14 @@ from sqlalchemy.exc import IntegrityError
 
 from assets.console import CONSOLE
 from assets.run_tags import EXPERIMENT_TAG, MAX_RETRIES_TAG, RANGE_TAG, no_range, run_range
+from assets.workspace_run import INTERRUPTS, cancel_if_interrupted_here
 from resources.run_launcher import kill_and_wait, leftover_processes, process_alive, process_started_at
 
 POOL_PREFIX = "dagster_rl/"
-PROCESS_TAG = "dagster_rl/process"  # host|boot id|pid|process start time of the run's orchestrating process
+# host|boot id|pid|process start time of the run's orchestrating process: bookkeeping, so under
+# Dagster's hidden prefix `.dagster/` (its GraphQL API, and so the UI, never shows such tags)
+PROCESS_TAG = ".dagster/dagster_rl.process"
+EARLIER_PROCESS_TAG = "dagster_rl/process"  # the key runs of earlier versions carry
 WATCH_EVERY_S = 5.0
 LIVE = (DagsterRunStatus.STARTED, DagsterRunStatus.STARTING)
 
@@ -111,7 +115,7 @@ def look_at_holders(instance, pool: str, experiment: str, me: DagsterRun, seen: 
         if run is None or run.status not in LIVE:
             instance.event_log_storage.free_concurrency_slots_for_run(run_id)
             continue
-        gone, where = process_gone(run.tags.get(PROCESS_TAG))
+        gone, where = process_gone(run.tags.get(PROCESS_TAG) or run.tags.get(EARLIER_PROCESS_TAG))
         if gone:
             stopped = kill_and_wait(leftover_processes(instance, run_id))
             left = f"; killed the step process(es) {stopped} it left" if stopped else ""
@@ -146,6 +150,13 @@ class ExperimentExecutor(Executor):
         return self._inner.step_dependency_config
 
     def execute(self, plan_context, execution_plan) -> Iterator[DagsterEvent]:
+        try:
+            yield from self._execute(plan_context, execution_plan)
+        except INTERRUPTS:  # a run `dagster-rl train` executes is canceled by Ctrl-C (`assets.workspace_run`)
+            cancel_if_interrupted_here(plan_context.instance, plan_context.dagster_run)
+            raise
+
+    def _execute(self, plan_context, execution_plan) -> Iterator[DagsterEvent]:
         instance, run = plan_context.instance, plan_context.dagster_run
         steps = [execution_plan.get_step_by_key(k) for k in execution_plan.step_keys_to_execute]
         pools = sorted({s.pool for s in steps if s.pool and s.pool.startswith(POOL_PREFIX)})

@@ -2,11 +2,13 @@
 
 Dagster's default console logger prints every event of a run at DEBUG (each step start, output,
 materialization, check). This one prints, one short line each:
-- the run's start (its id, job and range of steps) and its end;
+- the run's start (its id, job and range of steps) and its end (succeeded, failed, canceled);
 - the lines the driver marks for the console (a line per step, progress while a step or a long
   phase runs, which run waits for which);
 - a failed step's error: its type and message, which say what was wrong and what to do, e.g.
   `MissingPredecessorError: ... Run step 0002 first, e.g. the range 0002...0004.`;
+- an interrupted run (Ctrl-C, SIGTERM): one line, `run 1a2b3c4d (demo_train, steps 0000...0007)
+  interrupted; re-run the same range to resume`, and not the interruption's errors;
 - every other warning and error.
 It changes only what the terminal shows: the run's full event log, tracebacks included, is in the
 instance, where the UI's run page shows it. Set `loggers: {console: {config: {log_level: DEBUG}}}`
@@ -15,13 +17,21 @@ in a run's config to see everything on the terminal too.
 
 import logging
 import sys
+from typing import NoReturn
 
 from dagster import DagsterEventType, Field, logger
 
-from assets.run_tags import run_range
+from assets.run_tags import RESUME, run_range
+from assets.workspace_run import interrupted_here
 
 CONSOLE = {"dagster_rl_console": True}  # `extra` of a log call whose line belongs on the console
-_LIFECYCLE = (DagsterEventType.RUN_START, DagsterEventType.RUN_SUCCESS, DagsterEventType.RUN_FAILURE, DagsterEventType.STEP_FAILURE)
+_LIFECYCLE = (
+    DagsterEventType.RUN_START,
+    DagsterEventType.RUN_SUCCESS,
+    DagsterEventType.RUN_FAILURE,
+    DagsterEventType.RUN_CANCELED,
+    DagsterEventType.STEP_FAILURE,
+)
 # Dagster's wrappers around the error user code raised: the error to show is their cause
 _WRAPPERS = {"DagsterExecutionStepExecutionError", "DagsterUserCodeExecutionError", "DagsterResourceFunctionError"}
 
@@ -31,11 +41,30 @@ def user_error(error) -> str:
     (Dagster's wrappers skipped: the first error that is not one)."""
     while error.cls_name in _WRAPPERS and error.cause is not None:
         error = error.cause
-    message = error.message.strip()
+    if error.cls_name == "ChildProcessCrashException":  # its message is only its class's path
+        return f"{error.cls_name}: the step's process died (killed, or out of memory); re-run the same range to resume"
+    message = error.message.split("\nStack Trace:", 1)[0].strip()  # the stacks Dagster puts in a message stay in the run's log
     head, sep, rest = message.partition(": ")
     if sep and head.endswith(error.cls_name):  # `module.Class: message` as traceback prints it
         message = rest
     return f"{error.cls_name}: " + "\n".join(line.rstrip() for line in message.splitlines())
+
+
+INTERRUPTED = frozenset({"DagsterExecutionInterruptedError", "KeyboardInterrupt"})
+
+
+def interrupted(error) -> bool:
+    """Whether a Dagster `SerializableErrorInfo` is an interruption (Ctrl-C, SIGTERM), in its chain."""
+    while error is not None:
+        if error.cls_name in INTERRUPTED:
+            return True
+        error = error.cause or getattr(error, "context", None)
+    return False
+
+
+def _interrupted_event(event) -> bool:
+    data = getattr(event, "event_specific_data", None)
+    return event.event_type in (DagsterEventType.STEP_FAILURE, DagsterEventType.RUN_FAILURE) and interrupted(getattr(data, "error", None))
 
 
 def event_line(event, run_id: str | None, tags: dict) -> str | None:
@@ -48,28 +77,47 @@ def event_line(event, run_id: str | None, tags: dict) -> str | None:
         return f"{run} started{what}"
     if kind == DagsterEventType.RUN_SUCCESS:
         return f"{run} succeeded{what}"
+    if kind == DagsterEventType.RUN_CANCELED:  # by Ctrl-C at this terminal (`workspace_run`), or from the UI
+        return f"{run}{what} {RESUME}" if interrupted_here(run_id) else f"{run} canceled{what}"
     data = event.event_specific_data
     error = getattr(data, "error", None)
     if kind == DagsterEventType.STEP_FAILURE:
         return user_error(error) if error is not None else None
     if kind == DagsterEventType.RUN_FAILURE:
+        if interrupted(error):  # Ctrl-C or SIGTERM: nothing failed; its steps so far are stored
+            return f"{run}{what} {RESUME}"
         reason = getattr(data, "failure_reason", None)
         said = f": {user_error(error)}\n" if error is not None and getattr(reason, "value", None) != "STEP_FAILURE" else ". "
         return f"{run} failed{what}{said}Its full log, with the traceback, is on the run's page in the UI (make ui, Runs)."
     return None
 
 
+# Dagster's word, in the run's process, that its steps are being interrupted: what follows (steps that end
+# without an event, the interruption's errors) is the interruption, which the run's failure line says
+_INTERRUPTING = "Multiprocess executor: received termination signal"
+
+
 class _ConsoleLines(logging.Filter):
     def __init__(self, level: int):
         super().__init__()
         self.level = level
+        self.interrupting = False
 
     def filter(self, record: logging.LogRecord) -> bool:
+        event = (getattr(record, "dagster_meta", None) or {}).get("dagster_event")
+        if self.level > logging.DEBUG:
+            if event is not None and _interrupted_event(event):
+                return event.event_type == DagsterEventType.RUN_FAILURE  # one line says it: the run's
+            if event is not None and event.event_type == DagsterEventType.RUN_CANCELED:
+                return True  # the run's end, after its interruption
+            if event is not None and str(event.message or "").startswith(_INTERRUPTING):
+                self.interrupting = True
+            if self.interrupting:
+                return False
         if self.level <= logging.DEBUG or record.levelno >= max(self.level, logging.WARNING):
             return record.levelno >= self.level
         if self.level > logging.INFO:
             return False
-        event = (getattr(record, "dagster_meta", None) or {}).get("dagster_event")
         return bool(getattr(record, "dagster_rl_console", False)) or (event is not None and event.event_type in _LIFECYCLE)
 
 
@@ -78,9 +126,27 @@ class _Short(logging.Formatter):
         meta = getattr(record, "dagster_meta", None) or {}
         event = meta.get("dagster_event")
         message = (event_line(event, meta.get("run_id"), dict(meta.get("job_tags") or {})) if event is not None else None) or meta.get("orig_message") or record.getMessage()
-        level = "" if record.levelno < logging.WARNING else f"{record.levelname} "
+        quiet = event is not None and (_interrupted_event(event) or (event.event_type == DagsterEventType.RUN_CANCELED and interrupted_here(meta.get("run_id"))))
+        level = "" if record.levelno < logging.WARNING or quiet else f"{record.levelname} "
         where = f"{meta['step_key']}: " if level and meta.get("step_key") else ""
         return f"{self.formatTime(record, '%H:%M:%S')} {level}{where}{message}"
+
+
+def refuse_to_load(error: BaseException) -> NoReturn:
+    """Fail the code location's import with `error`, a dagster-rl error whose message says what to do.
+    Dagster's code server shows it in the UI as the location's load error (with its stack); a command
+    that imports the location in its own process (`dagster asset materialize -m assets.definitions`)
+    ends with it as one line on the terminal, `dagster_rl code location: <message>`, not a traceback."""
+    previous = sys.excepthook
+
+    def one_line(kind, value, tb) -> None:
+        if value is error:
+            print(f"dagster_rl code location: {value}", file=sys.stderr)
+        else:
+            previous(kind, value, tb)
+
+    sys.excepthook = one_line
+    raise error
 
 
 @logger(

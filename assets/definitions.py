@@ -6,10 +6,11 @@ import warnings
 
 from dagster import AssetSelection, Definitions, EnvVar, define_asset_job
 
-from assets.console import concise_console
+from assets.console import concise_console, refuse_to_load
 from assets.deployment import artifact_url, executor, rollout_environment, trainer_environment
 from assets.driver import build_driver, build_warmup
-from assets.experiments import problems, read
+from assets.experiments import missing_folder, problems, read
+from dagster_rl.errors import DagsterRLError, ExperimentError, SettingError
 from dagster_rl.experiment import Experiment
 from resources import ArtifactStoreResource, JudgeEnvironment
 from resources.artifact_store import dagster_home
@@ -26,7 +27,7 @@ def judge_environment(store: ArtifactStoreResource) -> JudgeEnvironment:
     if not os.environ.get(JUDGE_URL):
         return JudgeEnvironment(artifact_store=store)
     if not os.environ.get(JUDGE_MODEL):
-        raise ValueError(f"{JUDGE_URL} is set, so the judge is an LLM over that endpoint: set {JUDGE_MODEL} to its model's name")
+        raise SettingError(f"{JUDGE_URL} is set, so the judge is an LLM over that endpoint: set {JUDGE_MODEL} to its model's name")
     return JudgeEnvironment(
         artifact_store=store,
         backend="openai",
@@ -74,16 +75,23 @@ def build_definitions(experiments: dict[str, Experiment], resources: dict | None
 
 def _valid_experiments() -> dict[str, Experiment]:
     files = read()
-    if files.errors:  # the `experiment_files` code location shows them in the UI
+    missing = missing_folder(files)
+    if missing:  # no experiment can be served: the location itself is misconfigured
+        raise ExperimentError(missing)
+    if files.errors:  # the `invalid_experiment_files` code location shows them in the UI
         warnings.warn(problems(files), stacklevel=2)
     return files.experiments
 
 
 def _code_location() -> Definitions:
-    """What Dagster loads. Refused when DAGSTER_HOME is unset: Dagster's CLI would then run it on a
-    throwaway instance and lose the runs' records (the error says what to set)."""
-    dagster_home()
-    return build_definitions(_valid_experiments())
+    """What Dagster loads. Refused when DAGSTER_HOME is unset (Dagster's CLI would then run it on a
+    throwaway instance and lose the runs' records), when the experiments folder is not there, or
+    when a setting it reads is wrong: each error says what to set, as one message on a terminal."""
+    try:
+        dagster_home()
+        return build_definitions(_valid_experiments())
+    except DagsterRLError as e:
+        refuse_to_load(e)
 
 
 defs = _code_location()

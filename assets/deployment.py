@@ -21,6 +21,7 @@ import os
 from dagster import EnvVar, ExecutorDefinition
 
 from assets.concurrency import experiment_executor, experiment_k8s_executor
+from dagster_rl.errors import SettingError
 from resources import PipesK8sJobLauncher, PipesTorchrunLauncher, RolloutEnvironment, TrainerEnvironment
 
 ARTIFACTS = "DAGSTER_RL_ARTIFACTS"
@@ -69,5 +70,5 @@ def executor() -> ExecutorDefinition:
     watches the runs holding it (`assets.concurrency`)."""
     value = os.environ.get(EXECUTOR, "")
     if value not in ("", "k8s", "in_process"):
-        raise ValueError(f"{EXECUTOR}={value!r}: use k8s, or leave it unset")
+        raise SettingError(f"{EXECUTOR}={value!r}: use k8s, or leave it unset")
     return experiment_k8s_executor if value == "k8s" else experiment_executor

@@ -36,6 +36,7 @@ from dagster import (
     BetaWarning,
     MaterializeResult,
     MetadataValue,
+    Output,
     StaticPartitionsDefinition,
     PreviewWarning,
     asset,
@@ -46,7 +47,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetC
 from assets.chain import CHAIN, step_assets
 from assets.concurrency import experiment_pool
 from assets.console import CONSOLE
-from assets.predecessor import expect_recorded, starting_weights
+from assets.predecessor import NONE, expect_recorded, starting_weights
 from assets.run_tags import no_range
 from dagster_rl.checks import CHECK_NAMES
 from dagster_rl.errors import CheckFailedError, DagsterRLError, SimulatedCrash
@@ -76,7 +77,7 @@ def chain_specs(exp: Experiment) -> list[AssetSpec]:
                 skippable=True,
                 group_name=exp.name,
                 description=description,
-                metadata={"experiment": exp.name, "fork_of": exp.fork_of or ""},
+                metadata={"experiment": exp.name, "fork_of": exp.fork_of or NONE},
             )
         )
         dep = AssetKey([exp.name, name])
@@ -159,7 +160,7 @@ def step_metadata(exp: Experiment, result: StepResult, run_info: dict, asset: st
     if asset == "rewards":
         shared["rubric"] = MetadataValue.json(exp.rubric.model_dump())
     if asset == "weights":
-        shared["checks_failed"] = MetadataValue.text(",".join(c.name for c in result.checks if not c.passed))
+        shared["checks_failed"] = MetadataValue.text(",".join(c.name for c in result.checks if not c.passed) or NONE)
     return shared
 
 
@@ -202,7 +203,7 @@ def build_warmup(exp: Experiment):
             backfill_policy=BackfillPolicy.single_run(),  # lets a --partition-range of the group include it
             pool=experiment_pool(exp.name),  # the driver's pool: a second run of the experiment waits here too
             description=spec.description,
-            metadata={"experiment": exp.name, "fork_of": exp.fork_of or ""},
+            metadata={"experiment": exp.name, "fork_of": exp.fork_of or NONE},
         )(warmup)
 
 
@@ -297,6 +298,7 @@ def _drive(
         with progress.doing(f"{exp.name}: loading the weights step {step_key(steps[0])} starts from"):
             start = starting_weights(context.instance, exp, steps[0], store, loop)
         backends = Backends(rollout.backend_for(exp), judge.backend_for(exp), trainer.backend_for(exp, context), progress)
+        evaluated: set[AssetCheckKey] = set()
         with closed_at_end(backends, context.log.warning):
             for result, seconds in _timed(loop.iter_steps(exp, steps, start, store, backends, context.log.warning)):
                 if isinstance(result, StepAsset):
@@ -315,7 +317,7 @@ def _drive(
                             partition=step_key(step),
                             metadata={**step_metadata(exp, result, info, asset), **superseded(context, exp, result, asset)},
                         )
-                failed = _report_checks(context, exp, result)
+                failed = _report_checks(context, exp, result, evaluated)
                 if failed:
                     raise CheckFailedError(
                         f"step {step_key(step)} of {exp.name}: blocking check(s) failed, the range stops here: "
@@ -323,6 +325,7 @@ def _drive(
                     )
                 if step == exp.faults.crash_driver_at_step and result.cache["weights"] == "miss" and info["attempt"] == 0:
                     raise SimulatedCrash(f"driver crash after step {step_key(step)} on attempt 0 (faults.crash_driver_at_step)")
+        yield from check_outputs(context, evaluated)
 
 
 def _timed(items: Iterator, clock: Callable[[], float] = time.monotonic) -> Iterator[tuple]:
@@ -451,14 +454,17 @@ def _metadata_value(value: float | int | str) -> MetadataValue:
     return MetadataValue.int(value) if isinstance(value, int) else metadata_float(value)
 
 
-def _report_checks(context: AssetExecutionContext, exp: Experiment, result: StepResult) -> list:
-    """Log each selected check's evaluation on the step's partition; return the failed ones."""
+def _report_checks(context: AssetExecutionContext, exp: Experiment, result: StepResult, evaluated: set[AssetCheckKey]) -> list:
+    """Log each selected check's evaluation on the step's partition (adding its key to `evaluated`);
+    return the failed ones."""
     weights, partition = AssetKey([exp.name, "weights"]), step_key(result.step)
     target = _target_materialization(context, weights, partition)
     failed = []
     for check in result.checks:
-        if AssetCheckKey(weights, check.name) not in context.selected_asset_check_keys:
+        key = AssetCheckKey(weights, check.name)
+        if key not in context.selected_asset_check_keys:
             continue
+        evaluated.add(key)
         context.log_event(
             AssetCheckEvaluation(
                 asset_key=weights,
@@ -468,12 +474,22 @@ def _report_checks(context: AssetExecutionContext, exp: Experiment, result: Step
                 target_materialization_data=target,
                 blocking=True,
                 description=check.message,
-                metadata={"value": metadata_float(check.value), "message": MetadataValue.text(check.message)},
+                metadata={check.measure: metadata_float(check.value), "message": MetadataValue.text(check.message)},
             )
         )
         if not check.passed:
             failed.append(check)
     return failed
+
+
+def check_outputs(context: AssetExecutionContext, evaluated: set[AssetCheckKey]) -> Iterator[Output]:
+    """The op output of each check evaluated in the range, once, after its last step: what an
+    `AssetCheckResult` yields beside its evaluation. The driver logs a check's evaluation of each
+    step itself (an `AssetCheckResult` names no partition of a range); without these outputs Dagster
+    would log that the op "did not yield or return expected outputs"."""
+    for name, spec in context.assets_def.check_specs_by_output_name.items():
+        if spec.key in evaluated:
+            yield Output(None, output_name=name)
 
 
 def _target_materialization(context: AssetExecutionContext, asset: AssetKey, partition: str) -> AssetCheckEvaluationTargetMaterializationData | None:

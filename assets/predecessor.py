@@ -26,6 +26,7 @@ from dagster_rl.store import ArtifactStore, check_key
 from dagster_rl.task import TaskLoop, Weights
 
 PAGE = 1000  # materialization records read at a time
+NONE = "none"  # what a metadata value that names nothing says (`checks_failed`, `fork_of`): never a blank row
 
 
 def weights_key(exp: Experiment) -> AssetKey:
@@ -37,6 +38,19 @@ def artifact_of(md: dict, asset: str) -> tuple[str, str]:
     relative to the store; older ones name only the key, of the asset's kind), key checked."""
     kind, _, key = str(md.get("artifact_path", f"{asset}/{md.get('artifact_key')}")).partition("/")
     return kind, check_key(key, f"artifact key {key!r} of a materialization of {asset}")
+
+
+def not_ours(md: dict, what: str, rerun_from: str) -> str | None:
+    """Why a materialization (its metadata values, `md`) was not written by dagster-rl, or None: every
+    step it materializes records the artifact it stored (`artifact_key`, `artifact_path`). A runless
+    materialization reported by hand without them names nothing to train from or check."""
+    if "artifact_key" in md or "artifact_path" in md:  # names an artifact: the checks of its key and content say the rest
+        return None
+    return (
+        f"the materialization of {what} was not written by dagster-rl: it records no artifact (no artifact_key), as a "
+        f"runless materialization reported by hand without metadata does. Re-run the range from step {rerun_from}, "
+        "which materializes it again"
+    )
 
 
 def missing_before(instance: DagsterInstance, exp: Experiment, first_step: int) -> list[str]:
@@ -61,6 +75,9 @@ def starting_weights(instance: DagsterInstance, exp: Experiment, first_step: int
         )
     record = instance.fetch_materializations(AssetRecordsFilter(asset_key=asset, asset_partitions=[prev]), limit=1).records[0]
     metadata = record.asset_materialization.metadata
+    foreign = not_ours({k: v.value for k, v in metadata.items()}, f"{exp.name}/weights {prev}", prev)
+    if foreign:
+        raise MissingPredecessorError(f"{foreign}; step {step_key(first_step)} starts from its weights.")
     trained_with = metadata["training_hash"].value if "training_hash" in metadata else None
     if trained_with != exp.training_hash():
         raise MissingPredecessorError(
@@ -68,8 +85,8 @@ def starting_weights(instance: DagsterInstance, exp: Experiment, first_step: int
             f"(training hash {trained_with}, now {exp.training_hash()}). Re-run the range from 0000: steps whose "
             "inputs did not change are cache hits."
         )
-    failed_checks = str(metadata["checks_failed"].value) if "checks_failed" in metadata else ""
-    if failed_checks:
+    failed_checks = str(metadata["checks_failed"].value) if "checks_failed" in metadata else NONE
+    if failed_checks not in (NONE, ""):  # '': how materializations of earlier versions say none
         raise MissingPredecessorError(
             f"the weights of step {prev} of {exp.name} failed blocking check(s) {failed_checks}; later steps do not "
             f"start from them. Fix the cause (see the checks of {exp.name}/weights, partition {prev}), then re-run "

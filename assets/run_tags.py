@@ -22,6 +22,7 @@ RANGE_TAG = "dagster_rl/range"
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 PARTITION = "dagster/partition"
 MAX_RETRIES_TAG = "dagster/max_retries"
+RESUME = "interrupted; re-run the same range to resume"  # what an interrupted run of a range says
 
 
 class NoRangeError(DagsterRLError):

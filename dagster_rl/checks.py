@@ -4,7 +4,7 @@ declare checks of its own (`Task.checks`: a language model's `on_policy`)."""
 
 import math
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from dagster_rl.errors import TooFewTrialsError
 from dagster_rl.experiment import Experiment, step_key
@@ -15,20 +15,28 @@ class CheckOutcome(BaseModel):
     passed: bool
     message: str
     value: float
+    measure: str = Field(description="what `value` is: the name the check's evaluation shows it under, one meaning per name")
+
+
+def weights_finite(bad: int, message: str) -> CheckOutcome:
+    """The `weights_finite` check of a task's weights: `bad` counts the parts that are not finite
+    numbers (a language model's adapter tensors; a tabular prior's entries, and its priors that do
+    not sum to 1)."""
+    return CheckOutcome(name="weights_finite", passed=not bad, message=message, value=float(bad), measure="bad_weights")
 
 
 def rewards_in_bounds(rewards: list, low: float, high: float) -> CheckOutcome:
     outside = [r.trial_id for r in rewards if not (low <= r.reward <= high and math.isfinite(r.reward))]
     passed = not outside
     message = f"all {len(rewards)} rewards in [{low}, {high}]" if passed else f"rewards outside [{low}, {high}]: {outside[:5]}"
-    return CheckOutcome(name="rewards_in_bounds", passed=passed, message=message, value=float(len(outside)))
+    return CheckOutcome(name="rewards_in_bounds", passed=passed, message=message, value=float(len(outside)), measure="rewards_out_of_bounds")
 
 
 def enough_usable_trials(n_trials: int, planned: int, minimum: float) -> CheckOutcome:
     fraction = n_trials / planned if planned else 0.0
     passed = fraction >= minimum
     message = f"{n_trials}/{planned} trials usable ({fraction:.0%}), minimum {minimum:.0%}"
-    return CheckOutcome(name="enough_usable_trials", passed=passed, message=message, value=fraction)
+    return CheckOutcome(name="enough_usable_trials", passed=passed, message=message, value=fraction, measure="usable_fraction")
 
 
 def step_checks(exp: Experiment, finite: CheckOutcome, rewards: list, planned: int) -> list[CheckOutcome]:
@@ -41,6 +49,7 @@ def step_checks(exp: Experiment, finite: CheckOutcome, rewards: list, planned: i
 
 
 CHECK_NAMES = ("weights_finite", "rewards_in_bounds", "enough_usable_trials")
+ON_POLICY_MEASURE = "logp_max_dev"
 
 OFF_POLICY_CAUSES = (
     "Likely causes: the sampling fields (a server that fills the fields a request leaves out from the model's "
@@ -63,10 +72,11 @@ def on_policy(
     trains, the trainer's log-probability of every sampled token equals the sampler's within the
     dtype's `tolerance` = (max |difference|, |mean difference|); `max_dev` and `mean_dev` are the
     step's. A lagged step (`max_policy_lag: 1`) is reported, not checked: its difference is the
-    lag's drift. The check's value is `max_dev`."""
+    lag's drift. The check's value is `max_dev`, shown as `logp_max_dev` (the name the step's
+    weights record it under)."""
     if max_dev is None or mean_dev is None or not (math.isfinite(max_dev) and math.isfinite(mean_dev)):
         return CheckOutcome(
-            name="on_policy", passed=False, value=float("nan"),
+            name="on_policy", passed=False, value=float("nan"), measure=ON_POLICY_MEASURE,
             message=f"the trainer reported no finite difference of log-probabilities ({max_dev}, {mean_dev}): retrain the step",
         )  # fmt: skip
     measured = f"max |logp_trainer - logp_sampler| over the sampled tokens {max_dev:.3g}, mean {mean_dev:+.2g}"
@@ -75,17 +85,17 @@ def on_policy(
             f"not checked: the rollouts' behavior policy v{behavior_version} is not the trained policy v{trained_version} "
             f"(max_policy_lag); {measured} are the lag's drift"
         )
-        return CheckOutcome(name="on_policy", passed=True, message=message, value=max_dev)
+        return CheckOutcome(name="on_policy", passed=True, message=message, value=max_dev, measure=ON_POLICY_MEASURE)
     max_abs, mean_abs = tolerance
     bounds = f"(bounds {max_abs:g} and {mean_abs:g}, {dtype})"
     if max_dev <= max_abs and abs(mean_dev) <= mean_abs:
-        return CheckOutcome(name="on_policy", passed=True, message=f"{measured} {bounds}", value=max_dev)
+        return CheckOutcome(name="on_policy", passed=True, message=f"{measured} {bounds}", value=max_dev, measure=ON_POLICY_MEASURE)
     message = (
         f"{measured}, beyond {bounds}: the rollouts were not sampled from the policy the trainer scores, so GRPO "
         f"would train off-policy. {OFF_POLICY_CAUSES} The step's rollouts were moved aside: fix the cause, then re-run "
         "the step to sample them again."
     )
-    return CheckOutcome(name="on_policy", passed=False, message=message, value=max_dev)
+    return CheckOutcome(name="on_policy", passed=False, message=message, value=max_dev, measure=ON_POLICY_MEASURE)
 
 
 def require_enough_trials(

@@ -79,6 +79,12 @@ class StoreLinkError(DagsterRLError):
         self.path = path  # the link
 
 
+class SettingError(DagsterRLError):
+    """An environment variable or a resource setting the code location reads is missing or invalid."""
+
+    retryable = False
+
+
 class DagsterHomeError(DagsterRLError):
     """DAGSTER_HOME is unset: Dagster would use a throwaway instance and lose the runs' records."""
 

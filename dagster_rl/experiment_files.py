@@ -11,7 +11,11 @@ own asset group but shares the artifact cache, since artifacts are keyed by cont
 field and the reason) and the others stay usable; `load_experiments` refuses the folder instead.
 """
 
+import errno
+import os
 import re
+import stat
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,10 +29,28 @@ from dagster_rl.task import task_of
 
 
 SUFFIXES = (".yaml", ".yml")
+MAX_FILE_BYTES = 1 << 20  # an experiment file is a page of settings; the largest shipped one is under 2 KiB
+
+
+class _DuplicateKey(ValueError):
+    """A mapping gives one key twice (YAML says keys are unique; PyYAML keeps the last)."""
 
 
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, with YAML 1.2's floats: an exponent needs no decimal point (`1e-4`)."""
+    """PyYAML's safe loader, with YAML 1.2's floats (an exponent needs no decimal point: `1e-4`) and
+    unique keys: a key given twice in one mapping is refused, not silently the last one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: merged keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(f"the key {key!r} is given twice in one mapping (lines {seen[key]} and {line}); keep one")
+            seen[key] = line
+        return super().construct_mapping(node, deep)
 
 
 _Loader.add_implicit_resolver(
@@ -39,9 +61,11 @@ _Loader.add_implicit_resolver(
 
 
 def _files(directory: Path) -> list[Path]:
-    """The experiment files of a folder: `*.yaml` and `*.yml`, hidden ones aside."""
+    """The experiment files of a folder: `*.yaml` and `*.yml`, hidden ones aside; an `ExperimentError`
+    naming the folder when it is not one."""
     if not directory.is_dir():
-        return []
+        what = "does not exist" if not directory.exists() else "is not a folder"
+        raise ExperimentError(f"{directory}: the experiments folder {what}; experiments are read from a folder of YAML files")
     return sorted(p for p in directory.iterdir() if p.suffix in SUFFIXES and not p.name.startswith("."))
 
 
@@ -57,15 +81,52 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def read_bounded(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes. Opened without blocking (a FIFO with no
+    writer would hang the open, a device read forever) and checked with fstat before any read:
+    anything but a regular file, or a larger one, is an `ExperimentError` naming the path."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:
+        raise ExperimentError(f"{path}: cannot be read: {e.strerror or e}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ExperimentError(
+                f"{path}: not a regular file (it is a {_file_type(info.st_mode)}); an experiment file is a plain YAML file"
+            )
+        if info.st_size > limit:
+            raise ExperimentError(f"{path}: {info.st_size} bytes, more than the {limit} an experiment file may hold")
+        data = bytearray()
+        while len(data) <= limit:
+            try:
+                chunk = os.read(fd, limit + 1 - len(data))
+            except OSError as e:  # EAGAIN cannot happen on a regular file; anything else: unreadable
+                raise ExperimentError(f"{path}: cannot be read: {errno.errorcode.get(e.errno, e.strerror)}") from None
+            if not chunk:
+                break
+            data += chunk
+        if len(data) > limit:  # it grew since fstat
+            raise ExperimentError(f"{path}: more than the {limit} bytes an experiment file may hold")
+        return bytes(data)
+    finally:
+        os.close(fd)
+
+
+def _file_type(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
+    return next((name for test, name in kinds if test(mode)), "special file")
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_bounded(path).decode("utf-8")
     except UnicodeDecodeError as e:
         raise ExperimentError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save the file as UTF-8") from None
-    except OSError as e:
-        raise ExperimentError(f"{path}: cannot be read: {e.strerror}") from None
     try:
         raw = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader
+    except _DuplicateKey as e:
+        raise ExperimentError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise ExperimentError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(raw, dict):
@@ -113,19 +174,32 @@ def read_experiments(directory: Path) -> ExperimentFiles:
     """Every `*.yaml` and `*.yml` in `directory`, forks resolved against their parents; an invalid
     file (or a fork of one) is reported in `errors` and leaves the others usable."""
     errors: dict[str, str] = {}
-    by_name: dict[str, tuple[Path, dict[str, Any]]] = {}
-    for path in _files(directory):
+    try:
+        paths = _files(directory)
+    except ExperimentError as e:
+        return ExperimentFiles({}, {str(directory): str(e)})
+    declared: dict[str, list[tuple[Path, dict[str, Any]]]] = defaultdict(list)
+    for path in paths:
         try:
             raw = _read_yaml(path)
             name = raw.get("name")
             if not isinstance(name, str):
                 raise ExperimentError(f"{path}: invalid experiment: field 'name': a name (letters, digits, underscores) is required")
-            if name in by_name:
-                raise ExperimentError(f"{path}: experiment name '{name}' is already used by {by_name[name][0]}")
         except ExperimentError as e:
             errors[str(path)] = str(e)
             continue
-        by_name[name] = (path, raw)
+        declared[name].append((path, raw))
+    by_name: dict[str, tuple[Path, dict[str, Any]]] = {}
+    for name, files in declared.items():
+        if len(files) == 1:
+            by_name[name] = files[0]
+            continue
+        named = " and ".join(str(p) for p, _ in files)
+        for path, _ in files:  # neither wins: which one a command would train must not depend on file names' order
+            errors[str(path)] = (
+                f"{path}: experiment name '{name}' is declared by {len(files)} files, {named}; a name is declared by one "
+                "file only: give the other a name of its own (its `name:` field), or remove it"
+            )
 
     def resolved(name: str, seen: tuple[str, ...]) -> dict[str, Any]:
         path, raw = by_name[name]

@@ -32,14 +32,16 @@ An experiment is one YAML file in `experiments/` (`*.yaml` or `*.yml`). Its `tas
 experiment class that validates it; its `name` names the asset group `<name>` and the job
 `<name>_train`. A file is validated when the code location loads:
 
-- an unknown field is an error, naming it;
+- an unknown field is an error, naming it, and so is a key given twice (naming both lines);
+- a name is declared by one file: two files that declare one name are both refused, naming both;
+- a file is a regular file (not a FIFO, device or socket) of at most 1 MiB;
 - numbers are finite and are numbers: `n_steps: "4"` is refused, not coerced; `1e-4` is a number
   (YAML 1.2), as is `5e3`;
 - every number has an upper bound (below; `dagster_rl/bounds.py` derives each), and products are
   bounded too (`prompts_per_step x n_samples` trials, trials x `sampling.max_new_tokens` tokens,
   `nproc_per_node x threads_per_process` threads, LoRA `alpha / rank`);
 - an invalid file leaves the others usable: the UI shows its error as a problem of the code
-  location `experiment_files`, and `dagster-rl` prints it.
+  location `invalid_experiment_files`, and `dagster-rl` prints it.
 
 To check a file without training, ask for its status (it loads every experiment file, and names
 each invalid one with the field, the bound and the value):

@@ -1,9 +1,12 @@
 """A journal of LLM-judge calls, so a retried judging task never pays for the same judgement twice.
 
-An entry is keyed by (trajectory content hash, rubric hash, judge model) and stored in the artifact
-store as soon as the judge's reply arrives, before anything else can fail. A judging attempt asks
-the journal first: an entry found is replayed (the same reply, the same score) and no request is
-sent. A different rubric or judge model is a different key, hence a new call.
+An entry is keyed by the request itself (the judge model, the messages, the sampling settings: the
+question, whatever of the experiment and the trajectory the task's prompt shows) and the content
+hash of the trajectory it grades (one call per trial, as two trials that look alike to the judge
+are still two judgements), and stored in the artifact store as soon as the judge's reply arrives,
+before anything else can fail. A judging attempt asks the journal first: an entry found is
+replayed (the same reply, the same score) and no request is sent. Another question (another
+rubric, judge model, prompt, or anything the prompt shows) is another key, hence a new call.
 
 What is journaled is bounded: a reply longer than `MAX_REPLY_CHARS` is stored cut to its first
 `MAX_REPLY_CHARS` characters, with its full length and sha256 (the score is parsed from the whole
@@ -24,7 +27,7 @@ from dagster_rl.hashing import cache_key, content_hash, sha256_hex
 from dagster_rl.store import ArtifactStore
 
 KIND = "judge_calls"
-JOURNAL_VERSION = "judge-journal-1"
+JOURNAL_VERSION = "judge-journal-2"  # 2: keyed by the request and the trajectory, not by the trajectory, rubric and model
 MAX_REPLY_CHARS = 4096
 
 
@@ -49,8 +52,9 @@ def bounded_reply(reply: str) -> dict[str, Any]:
     return {"reply": reply[:MAX_REPLY_CHARS], "reply_chars": len(reply), "reply_sha256": sha256_hex(reply.encode())}
 
 
-def journal_key(trajectory_hash: str, rubric_hash: str, model: str) -> str:
-    return cache_key("judge_call", JOURNAL_VERSION, trajectory=trajectory_hash, rubric=rubric_hash, model=model)
+def journal_key(request: dict[str, Any], trajectory_hash: str) -> str:
+    """The key of the entry of a request (the body sent: model, messages, sampling settings) about a trajectory."""
+    return cache_key("judge_call", JOURNAL_VERSION, request=request, trajectory=trajectory_hash)
 
 
 def trajectory_hash(trajectory: BaseModel | dict[str, Any]) -> str:
@@ -63,8 +67,8 @@ class JudgeJournal:
     def __init__(self, store: ArtifactStore):
         self.store = store
 
-    def lookup(self, trajectory_hash: str, rubric_hash: str, model: str) -> JudgeCall | None:
-        key = journal_key(trajectory_hash, rubric_hash, model)
+    def lookup(self, request: dict[str, Any], trajectory_hash: str) -> JudgeCall | None:
+        key = journal_key(request, trajectory_hash)
         if not self.store.exists(KIND, key):
             return None
         try:
@@ -80,7 +84,7 @@ class JudgeJournal:
         """Store `call` unless an entry for its key exists; return the entry that is stored (a
         concurrent attempt that recorded its reply first wins, so every reader agrees: the store
         adopts the first `judge_calls` entry of a key)."""
-        key = journal_key(call.trajectory_hash, call.rubric_hash, call.model)
+        key = journal_key(call.request, call.trajectory_hash)
         self.store.put_model(KIND, key, call)
         return self.store.get_model(KIND, key, JudgeCall)
 
@@ -88,18 +92,18 @@ class JudgeJournal:
         self,
         trajectory_hash: str,
         rubric_hash: str,
-        model: str,
-        call: Callable[[], tuple[dict[str, Any], str, float]],
+        request: dict[str, Any],
+        call: Callable[[], tuple[str, float]],
     ) -> tuple[JudgeCall, bool]:
-        """The journaled entry (replayed=True), or call() -> (request, reply, score), recorded (replayed=False)."""
-        found = self.lookup(trajectory_hash, rubric_hash, model)
+        """The journaled entry of `request` (replayed=True), or call() -> (reply, score), recorded (replayed=False)."""
+        found = self.lookup(request, trajectory_hash)
         if found is not None:
             return found, True
-        request, reply, score = call()
+        reply, score = call()
         entry = JudgeCall(
             trajectory_hash=trajectory_hash,
             rubric_hash=rubric_hash,
-            model=model,
+            model=str(request.get("model", "")),
             request=request,
             **bounded_reply(reply),
             score=score,

@@ -18,8 +18,8 @@ again (`_Outage`): judgements asked meanwhile fail at once, naming it, instead o
 its own timeouts. A step whose judge never answers thus fails after one judgement's worst case
 (3 x 30 s with the judge environment's defaults), not after one per wave of `max_concurrency`.
 
-Each attempt first asks the journal (dagster_rl.judge_journal) for (trajectory hash, rubric hash,
-model): a judgement already paid for is replayed. Seeded fault injection (`judge_flake_rate`) fires
+Each attempt first asks the journal (dagster_rl.judge_journal) for its request (the question:
+model, messages, sampling settings): a judgement already paid for is replayed. Seeded fault injection (`judge_flake_rate`) fires
 *after* the journaled call, which is the failure the journal exists for.
 """
 
@@ -150,6 +150,10 @@ class LLMJudge:
         """How long one call waits for its answer: the endpoint's request timeout, within the attempt's."""
         return min(self.client.timeout_s, self.limits.timeout_s)
 
+    def request(self, exp: Any, traj: Any) -> dict[str, Any]:
+        """The body of the request that grades `traj`: the question, and the journal's key."""
+        return {"model": self.model, "messages": self.grading.messages(exp, traj), "temperature": self.temperature, "max_tokens": self.max_tokens}
+
     def judge(self, exp: Any, traj: Any) -> Any:
         t_hash, r_hash = trajectory_hash(traj), rubric_hash(exp.rubric, self.grading.prompt_version)
         attempts, wait = self.limits.max_retries + 1, self.call_timeout_s
@@ -158,20 +162,16 @@ class LLMJudge:
         if down:
             raise AttemptsExhausted(what, [JudgeNoAnswer(f"not sent: {down}")])
 
-        def ask() -> tuple[dict[str, Any], str, float]:
-            body = {
-                "model": self.model,
-                "messages": self.grading.messages(exp, traj),
-                "temperature": self.temperature,
-                "max_tokens": self.max_tokens,
-            }
-            counters.bump("llm_judge_requests")
-            reply = self.client.complete(body, wait)
-            return body, reply, parse_score(reply, f"judge endpoint {self.client.url} (model {self.model})")
-
         def attempt(n: int) -> Any:
             counters.bump("judge_calls")
-            call, replayed = self.journal.replay_or_call(t_hash, r_hash, self.model, ask)
+            body = self.request(exp, traj)
+
+            def ask() -> tuple[str, float]:
+                counters.bump("llm_judge_requests")
+                reply = self.client.complete(body, wait)
+                return reply, parse_score(reply, f"judge endpoint {self.client.url} (model {self.model})")
+
+            call, replayed = self.journal.replay_or_call(t_hash, r_hash, body, ask)
             if replayed:
                 counters.bump("judge_journal_replays")
             elif self.after_call is not None:

@@ -185,9 +185,10 @@ def step_rewards(
     return rewards
 
 
-def rollouts_key(code_version: str, exp: Any, step: int, behavior_hash: str, **inputs: Any) -> str:
+def rollouts_key(code_version: str, exp: Any, step: int, behavior: ArtifactRef, **inputs: Any) -> str:
     """The key of a step's rollouts: what every task's trials depend on (the task's settings, the
-    experiment seed, the step, the trial counts, the behavior weights), and the task's own `inputs`."""
+    experiment seed, the step, the trial counts, the behavior weights: their key, which the rollouts
+    record, and their content), and the task's own `inputs`."""
     return cache_key(
         "rollouts",
         code_version,
@@ -196,23 +197,30 @@ def rollouts_key(code_version: str, exp: Any, step: int, behavior_hash: str, **i
         step=step,
         prompts_per_step=exp.prompts_per_step,
         n_samples=exp.n_samples,
-        behavior=behavior_hash,
+        behavior=_named(behavior),
         **inputs,
     )
 
 
-def rewards_key(code_version: str, judge: JudgeBackend, **inputs: Any) -> str:
-    """The key of a step's rewards. A judge other than the task's own rubric (an LLM judge) names
-    itself in it, by its `cache_version` (prompt version and model); the rubric judge adds nothing."""
+def rewards_key(code_version: str, judge: JudgeBackend, rollouts: ArtifactRef, **inputs: Any) -> str:
+    """The key of a step's rewards: the rollouts they judge (their key, which the rewards record, and
+    their content hash) and the task's own `inputs`. A judge other than the task's own rubric (an LLM
+    judge) names itself in it, by its `cache_version` (prompt version and model); the rubric judge adds nothing."""
     extra = {"judge": judge.cache_version} if judge.cache_version else {}
-    return cache_key("rewards", code_version, **inputs, **extra)
+    return cache_key("rewards", code_version, rollouts=_named(rollouts), **inputs, **extra)
 
 
-def weights_key(code_version: str, exp: Any, prev_hash: str, rewards_hash: str, **inputs: Any) -> str:
-    """The key of a step's trained weights: the weights and rewards they are trained from, the task's
-    own `inputs` (its update's settings), and the experiment's cache family, which the weights record
+def weights_key(code_version: str, exp: Any, previous: ArtifactRef, rewards: ArtifactRef, **inputs: Any) -> str:
+    """The key of a step's trained weights: the weights and rewards they are trained from (the keys
+    their `TrainedFrom` record names, and their content hashes), the task's own `inputs` (its
+    update's settings), and the experiment's cache family, which the weights record too
     (`TrainedFrom.experiment`): the same bytes under the same key, shared by a fork and its parent."""
-    return cache_key("weights", code_version, prev=prev_hash, rewards=rewards_hash, experiment=exp.family, **inputs)
+    return cache_key("weights", code_version, prev=_named(previous), rewards=_named(rewards), experiment=exp.family, **inputs)
+
+
+def _named(ref: ArtifactRef) -> dict[str, str]:
+    """An input artifact as a key holds it: the key an artifact records of it, and its content."""
+    return {"key": ref.key, "content_hash": ref.content_hash}
 
 
 def trained_from(exp: Any, step: int, previous: Any, rewards: ArtifactRef) -> dict[str, Any]:

@@ -15,7 +15,9 @@ Keys are never overwritten. When an artifact is already stored under a key:
 - kinds in `ADOPTING_KINDS` (float compute that may differ in its last bits between two
   computations of one key on a GPU: trained `weights`, sampled `rollouts`, `evaluations`, and the
   LLM judge's `judge_calls`) keep the first writer's artifact; a second writer with other bytes
-  adopts it, and the step continues from the stored one;
+  adopts it, and the step continues from the stored one. Its warning says what differs
+  (`dagster_rl.differences`), and calls it float rounding only when nothing but floats differ,
+  within `differences.ROUNDING`;
 - every other kind (rewards, worlds, ...) is deterministic: other content under an existing key is
   an `ArtifactConflictError`, since the code changed without a new code version.
 
@@ -57,6 +59,7 @@ from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel
 
 from dagster_rl import nofollow
+from dagster_rl.differences import compare
 from dagster_rl.errors import (
     ArtifactConflictError,
     ArtifactMismatchError,
@@ -254,6 +257,10 @@ class ArtifactStore:
     def _ref(self, kind: str, key: str, manifest: dict[str, str]) -> ArtifactRef:
         return ArtifactRef(kind=kind, key=key, content_hash=content_hash({"files": manifest}), uri=f"{self.url}/{kind}/{key}")
 
+    def names(self, kind: str, key: str) -> list[str]:
+        """The names of the artifact's files, as its manifest lists them."""
+        return sorted(self._checked(kind, key, lambda: self._manifest(kind, key)))
+
     def get(self, kind: str, key: str, name: str) -> bytes:
         return self._checked(kind, key, lambda: self._read(kind, key, name, self._manifest(kind, key)))
 
@@ -312,11 +319,25 @@ class ArtifactStore:
                 f"artifact {kind}/{key} already exists with other content; the computation that makes it "
                 "is not deterministic, or its code changed without a new code version. Nothing was overwritten."
             )
-        self.warn(
-            f"artifact {kind}/{key} was stored by another computation of the same key with other bytes (float "
-            "compute differs in its last bits); kept the first one, and this step continues from it"
-        )
+        self.warn(self._adopted(kind, key, files))
         return self._ref(kind, key, stored), True
+
+    def _adopted(self, kind: str, key: str, files: dict[str, bytes]) -> str:
+        """What a writer that adopts the stored artifact is told: what differs, and whether it is float rounding."""
+        try:
+            difference = compare(self.get_all(kind, key), files)
+        except DagsterRLError as e:
+            difference, unreadable = None, str(e)
+        head = f"artifact {kind}/{key} was stored by another computation of the same key with other bytes"
+        tail = "kept the first one, and this step continues from it"
+        if difference is None:
+            return f"{head} (the stored one could not be read to compare: {unreadable}); {tail}"
+        if difference.rounding:
+            return f"{head}: {difference.describe()}; {tail}"
+        return (
+            f"{head}: {difference.describe()}: an input that changes these bytes is missing from the key, or the "
+            f"computation is not deterministic (on another machine or device a sampled token may flip); {tail}"
+        )
 
     def _commit(self, kind: str, key: str, folder: str, files: dict[str, bytes], manifest: dict[str, str]) -> None:
         if not self._local:  # no atomic rename: files first, the manifest (which makes it exist) last

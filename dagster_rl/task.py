@@ -36,6 +36,10 @@ A task provides, in its own package:
    step's weights or of its step assets, and of the warm-up on the warm-up's row): the agentic
    task's `mean_turns`, a language model's held-out accuracy.
 
+Every artifact a task stores is keyed by every input that changes its bytes (its settings, the
+content of what it reads, and the key and content hash of each artifact it reads):
+`tests/test_cache_keys.py` proves it for every setting of every shipped task.
+
 Words, one per idea:
     experiment   one YAML file's settings, validated by the task's `Experiment` subclass
     step         one training iteration: a partition of `<exp>/rollouts -> rewards -> weights`

@@ -126,9 +126,13 @@ def token_id(token: Any, server: str = "rollout server") -> int:
 
 
 def parse_completion(payload: Any, raw: bytes, sampling: ServerSampling, vocab: int | None, server: str = "rollout server") -> Completion:
-    """A /v1/completions answer of one choice with logprobs, read as token ids and log-probabilities,
-    and checked against what was asked (`check_completion`): everything the rollout backend takes
-    from a server's reply is read here. `server` names the server in errors."""
+    """A /v1/completions answer of one choice with logprobs (one was asked for: more is a broken
+    rule), read as token ids and log-probabilities, and checked against what was asked
+    (`check_completion`): everything the rollout backend takes from a server's reply is read here.
+    `server` names the server in errors."""
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if isinstance(choices, list) and len(choices) > 1:  # a request asks for one (n = 1): another is a sample nobody asked for
+        raise ServerReplyError(f"{server} sent a completion that breaks the rule 'one choice per request (n = 1)': {len(choices)} choices")
     try:
         choice = payload["choices"][0]
         lp = choice["logprobs"]

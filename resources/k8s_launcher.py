@@ -43,7 +43,7 @@ from dagster_rl.errors import DagsterRLError
 from dagster_rl.k8s_manifests import INDEX_LABEL, JOB_LABEL, ClusterSettings, headless_service, indexed_job, job_name, owned_by
 from dagster_rl.pods import PodJob
 from dagster_rl.workers import WorkersGone
-from resources.trainer_launcher import ReportedMessages, _lift_typed_output_requirement
+from resources.trainer_launcher import ReportedMessages, _lift_typed_output_requirement, ended_by_the_driver, no_preview_notices
 
 
 class PodJobFailed(DagsterRLError):
@@ -161,7 +161,9 @@ class PipesK8sJobLauncher(ConfigurableResource):
 
     def _attempt(self, context, pipes: PipesK8sClient, client: DagsterKubernetesClient, cluster: ClusterSettings, job: PodJob, name: str):
         ns = cluster.namespace
-        with open_pipes_session(context=context, extras=None, context_injector=pipes.context_injector, message_reader=pipes.message_reader) as session:
+        with no_preview_notices(), open_pipes_session(
+            context=context, extras=None, context_injector=pipes.context_injector, message_reader=pipes.message_reader
+        ) as session:
             body = indexed_job(job, cluster, name, extra_env=session.get_bootstrap_env_vars())
             context.log.info(f"creating trainer Job {ns}/{name}: {job.nodes} pod(s), pod 0 at {name}-0.{name}")
             logs = None
@@ -254,9 +256,10 @@ class K8sWorkers:
         self.cluster = launcher.cluster()
         self.ns = self.cluster.namespace
         self.stack = ExitStack()
-        self.session = self.stack.enter_context(
-            open_pipes_session(context=context, extras=None, context_injector=self.pipes.context_injector, message_reader=self.pipes.message_reader)
-        )
+        with no_preview_notices():
+            self.session = self.stack.enter_context(
+                open_pipes_session(context=context, extras=None, context_injector=self.pipes.context_injector, message_reader=self.pipes.message_reader)
+            )
         _lift_typed_output_requirement(context)  # the driver yields its own materializations while the session is open
         self.messages = ReportedMessages(context, self.session)
         self.attempt, self.restarts_left, self.errors = 0, job.max_restarts, []
@@ -338,10 +341,11 @@ class K8sWorkers:
             if grace_s > 0 and self.logs is not None and (problem := self.logs.drain(min(grace_s, self.launcher.log_drain_timeout_s))):
                 self.context.log.warning(f"pod 0's log stream of the trainer session ({self.ns}/{self.logs.pod}) {problem}")
         finally:
-            self._cleanup()
-            self.stack.close()
-            self.messages.log_new()
-            _lift_typed_output_requirement(self.context)
+            with ended_by_the_driver(self.context, grace_s):
+                self._cleanup()
+                self.stack.close()
+                self.messages.log_new()
+                _lift_typed_output_requirement(self.context)
 
     def _cleanup(self) -> None:
         if self.name is not None:

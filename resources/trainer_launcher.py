@@ -1,12 +1,24 @@
 """The trainer's launcher: `torchrun` on this machine as a Dagster Pipes subprocess of the driver,
 for one step (`run`) or for a range of steps (`start`: a trainer session's workers)."""
 
+import logging
 import os
 import time
-from contextlib import ExitStack
+import warnings
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from dagster import AssetExecutionContext, ConfigurableResource, PipesSubprocessClient, PipesTempFileContextInjector, PipesTempFileMessageReader, open_pipes_session
+from dagster import (
+    AssetExecutionContext,
+    BetaWarning,
+    ConfigurableResource,
+    PipesSubprocessClient,
+    PipesTempFileContextInjector,
+    PipesTempFileMessageReader,
+    PreviewWarning,
+    open_pipes_session,
+)
 from pydantic import Field
 
 from dagster_rl.workers import ProcessWorkers
@@ -39,14 +51,16 @@ class PipesTorchrunLauncher(ConfigurableResource):
     cwd: str = Field("", description="working directory of the trainer processes; empty: the project root")
 
     def run(self, context: AssetExecutionContext, command: list[str], env: dict[str, str]) -> None:
-        invocation = PipesSubprocessClient(cwd=self.cwd or str(REPO)).run(command=command, context=context, env=env)
+        with no_preview_notices():
+            invocation = PipesSubprocessClient(cwd=self.cwd or str(REPO)).run(command=command, context=context, env=env)
         for message in invocation.get_custom_messages():
             context.log.info(f"trainer rank 0 reported: {message}")
         _lift_typed_output_requirement(context)
 
     def start(self, context: AssetExecutionContext, command: list[str], env: dict[str, str]) -> "PipesWorkers":
         stack = ExitStack()
-        session = stack.enter_context(open_pipes_session(context, PipesTempFileContextInjector(), PipesTempFileMessageReader()))
+        with no_preview_notices():
+            session = stack.enter_context(open_pipes_session(context, PipesTempFileContextInjector(), PipesTempFileMessageReader()))
         _lift_typed_output_requirement(context)  # the driver yields its own materializations while the session is open
         try:
             workers = ProcessWorkers(command, {**os.environ, **env, **session.get_bootstrap_env_vars()}, cwd=self.cwd or str(REPO))
@@ -91,12 +105,46 @@ class PipesWorkers:
         self.messages.log_new(at_least=self.steps, wait_s=1.0)  # the step's report, in the log before the step's end
 
     def close(self, grace_s: float) -> None:
-        try:
-            self.workers.close(grace_s)
-        finally:
-            self.stack.close()  # the Pipes session: its reader reads what is left
-            self.messages.log_new()
-            _lift_typed_output_requirement(self.context)
+        with ended_by_the_driver(self.context, grace_s):
+            try:
+                self.workers.close(grace_s)
+            finally:
+                self.stack.close()  # the Pipes session: its reader reads what is left
+                self.messages.log_new()
+                _lift_typed_output_requirement(self.context)
+
+
+class _NoClosingMessage(logging.Filter):
+    """Pipes' warnings that the workers did not close (or, ended while starting, did not open) their side."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not message.startswith(("[pipes] did not receive closed message", "[pipes] did not receive any messages"))
+
+
+@contextmanager
+def ended_by_the_driver(context, grace_s: float) -> Iterator[None]:
+    """Around closing a session's workers: with no grace, the driver ends them (a failed step, an
+    interrupted run), so they cannot send Pipes their closing message (nor, ended while starting,
+    any message), and Pipes' warning that they did not is what was meant, not news: it is left out
+    of the log."""
+    quiet = _NoClosingMessage() if grace_s <= 0 else None
+    if quiet is not None:
+        context.log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        if quiet is not None:
+            context.log.removeFilter(quiet)
+
+
+@contextmanager
+def no_preview_notices() -> Iterator[None]:
+    """Dagster's notices that a Pipes API it calls itself is in preview: about Dagster, not about the run."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PreviewWarning)
+        warnings.simplefilter("ignore", BetaWarning)
+        yield
 
 
 def _lift_typed_output_requirement(context: AssetExecutionContext) -> None:

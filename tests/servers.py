@@ -38,7 +38,7 @@ from tests.instance_config import PG_ENV, write_dagster_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 LOCATION = "dagster_rl"
-FILES_LOCATION = "experiment_files"
+FILES_LOCATION = "invalid_experiment_files"
 BIN = Path(sys.executable).parent
 TERMINAL_RUN_STATUSES = {"SUCCESS", "FAILURE", "CANCELED"}
 TERMINAL_BACKFILL_STATUSES = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
@@ -63,7 +63,7 @@ def executable(name: str) -> str:
 
 def write_workspace(home: Path, module: str = "assets.definitions") -> Path:
     """A workspace file in `home` like the repo's: the code location that loads `module` from the
-    repo, and the `experiment_files` location that fails naming every invalid experiment file."""
+    repo, and the `invalid_experiment_files` location that fails naming every invalid experiment file."""
     path = home / "workspace.yaml"
     locations = [
         {"python_module": {"module_name": module, "working_directory": str(REPO), "location_name": LOCATION}},
@@ -153,21 +153,67 @@ class GraphQLClient:
             "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
             "runConfigData": {},
         }
-        return self.query_union(
-            """
-            mutation Launch($executionParams: ExecutionParams!) {
-              launchRun(executionParams: $executionParams) {
+        return self._launch("launchRun", "executionParams", "ExecutionParams!", params)
+
+    def reexecute(self, parent_run_id: str, strategy: str = "ALL_STEPS") -> str:
+        """A run page's *Re-execute all* (strategy ALL_STEPS) or *from failure*: `launchPipelineReexecution`
+        with the parent run's id, as the UI sends it; returns the new run's id."""
+        params = {"parentRunId": parent_run_id, "strategy": strategy, "extraTags": [{"key": "dagster/from_ui", "value": "true"}]}
+        return self._launch("launchPipelineReexecution", "reexecutionParams", "ReexecutionParams", params)
+
+    def _launch(self, mutation: str, argument: str, argument_type: str, params: dict[str, Any]) -> str:
+        """A mutation that launches one run, given `params` as its `argument`; the run's id."""
+        text = f"""
+            mutation Launch($params: {argument_type}) {{
+              {mutation}({argument}: $params) {{
                 ...ERRORS
-                ... on PythonError { stack }
-                ... on LaunchRunSuccess { run { runId } }
-              }
-            }""",
-            "launchRun",
-            "LaunchRunSuccess",
-            executionParams=params,
-        )["run"]["runId"]
+                ... on PythonError {{ stack }}
+                ... on LaunchRunSuccess {{ run {{ runId }} }}
+              }}
+            }}"""
+        return self.query_union(text, mutation, "LaunchRunSuccess", params=params)["run"]["runId"]
 
     # ---- reading ---------------------------------------------------------------------------
+
+    def job_runs(self, job_name: str, location: str = LOCATION) -> list[dict[str, Any]]:
+        """What a job's *Runs* tab lists, newest first: its query (`runsFeedOrError`, view RUNS), filtered
+        as the tab filters, on the job's name and its code location's repository (the hidden tag
+        `.dagster/repository`). Each: id, runStatus, tags (a dict: what the run list can show),
+        repositoryOrigin (the Overview timeline leaves out a run without one), pipelineSnapshotId."""
+        data = self.query_union(
+            """
+            query JobRuns($filter: RunsFilter) {
+              runsFeedOrError(limit: 25, filter: $filter, view: RUNS) {
+                ...ERRORS
+                ... on RunsFeedConnection {
+                  results {
+                    id runStatus jobName tags { key value }
+                    ... on Run { repositoryOrigin { repositoryLocationName repositoryName } pipelineSnapshotId parentPipelineSnapshotId }
+                  }
+                }
+              }
+            }""",
+            "runsFeedOrError",
+            "RunsFeedConnection",
+            filter={"pipelineName": job_name, "tags": [{"key": ".dagster/repository", "value": f"__repository__@{location}"}]},
+        )
+        return [{**r, "tags": {t["key"]: t["value"] for t in r["tags"]}} for r in data["results"]]
+
+    def job_snapshot_id(self, job_name: str, location: str = LOCATION) -> str:
+        """The snapshot id of the job as its code location loads it now (the UI's workspace data)."""
+        data = self.query_union(
+            """
+            query Jobs($selector: RepositorySelector!) {
+              repositoryOrError(repositorySelector: $selector) {
+                ...ERRORS
+                ... on Repository { pipelines { name pipelineSnapshotId } }
+              }
+            }""",
+            "repositoryOrError",
+            "Repository",
+            selector={"repositoryLocationName": location, "repositoryName": "__repository__"},
+        )
+        return next(p["pipelineSnapshotId"] for p in data["pipelines"] if p["name"] == job_name)
 
     def backfill(self, backfill_id: str) -> dict[str, Any]:
         return self.query_union(

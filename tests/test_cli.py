@@ -1,9 +1,12 @@
-"""`dagster-rl status` and `dagster-rl lineage` against a real instance; what the commands import."""
+"""`dagster-rl status` and `dagster-rl lineage` against a real instance; what the commands import;
+where `dagster-rl train` finds its runs' code location."""
 
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from assets.cli import main
 
@@ -15,10 +18,13 @@ def test_status_lists_every_step_with_cache_and_reward(uninterrupted, monkeypatc
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "experiment demo: 8 of 16 steps materialized"
     rows = [line.split() for line in out[2:]]
-    assert [r[0] for r in rows] == [f"{i:04d}" for i in range(9)]
-    assert rows[8] == ["0008", "-"]
+    assert [r[0] for r in rows] == [*(f"{i:04d}" for i in range(8)), "0008...0015"]  # every step of the experiment
+    assert rows[8] == ["0008...0015", "not", "materialized"]
     md = uninterrupted.latest("demo", "weights", "0007")
     assert rows[7][3] == "24/24" and float(rows[7][4]) == round(md["mean_reward"], 3) and rows[7][7] == "8"
+    main(["status", "demo", "--all"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[0] for r in rows] == [f"{i:04d}" for i in range(16)] and rows[15] == ["0015", "not", "materialized"]
 
 
 def test_lineage_walks_every_behavior_policy_back_to_step_0(uninterrupted, monkeypatch, capsys):
@@ -65,3 +71,18 @@ def test_help_and_status_import_neither_torch_nor_kubernetes(tmp_path):
     assert imported_by(tmp_path, "status", "demo") == ["dagster"]
     assert imported_by(tmp_path, "runs", "demo") == ["dagster"]
     assert imported_by(tmp_path, "serve", "--help") == []  # a task's command: its server's module loads when it runs
+
+
+def test_train_runs_belong_to_the_workspace_location_that_loads_the_definitions(tmp_path):
+    """The origin of a `dagster-rl train` run: the location of workspace.yaml that loads
+    assets.definitions, as Dagster's workspace loader reads it; a workspace without one is refused."""
+    from assets.workspace_run import job_origin
+    from dagster_rl.errors import DagsterRLError
+
+    origin = job_origin("demo_train")
+    assert origin.repository_origin.code_location_origin.location_name == "dagster_rl"
+    assert (origin.repository_origin.repository_name, origin.job_name) == ("__repository__", "demo_train")
+    other = tmp_path / "workspace.yaml"
+    other.write_text("load_from:\n  - python_module: {module_name: assets.experiment_errors, location_name: files}\n")
+    with pytest.raises(DagsterRLError, match=r"names no code location that loads the module assets.definitions \(its locations: files\)"):
+        job_origin("demo_train", other)

@@ -2,7 +2,8 @@
 
 import json
 
-from dagster import FloatMetadataValue, IntMetadataValue
+import pytest
+from dagster import AssetKey, FloatMetadataValue, IntMetadataValue
 
 from dagster_rl import counters
 from dagster_rl.experiment import step_key
@@ -176,6 +177,10 @@ def test_a_failing_blocking_check_stops_the_range_at_that_step(lab):
     evaluations = {n: e[0] for n, e in evaluations.items()}
     assert evaluations["weights_finite"].passed and evaluations["rewards_in_bounds"].passed
     assert not evaluations["enough_usable_trials"].passed and evaluations["enough_usable_trials"].partition == "0000"
+    # each check's number under a name of its own: a fraction is never beside counts under one name
+    numbers = {n: {k: v.value for k, v in e.metadata.items() if k != "message"} for n, e in evaluations.items()}
+    usable = pytest.approx(strict.latest("demo", "weights", "0000")["n_trials"] / 24, rel=1e-7)
+    assert numbers == {"weights_finite": {"bad_weights": 0}, "rewards_in_bounds": {"rewards_out_of_bounds": 0}, "enough_usable_trials": {"usable_fraction": usable}}
     # as the UI's Partitions tab shows them: the steps the stopped run never reached read "execution failed"
     stopped = ["0001", "0002", "0003"]
     assert strict.check_partition_statuses("demo", "enough_usable_trials") == {"FAILED": ["0000"], "EXECUTION_FAILED": stopped}
@@ -193,6 +198,7 @@ def test_checks_pass_on_every_step_of_a_clean_run(uninterrupted):
         # the UI's Partitions tab of the check: each evaluation targets its partition's materialization,
         # so every step reads "succeeded" (an evaluation without a target read "Missing" on every step)
         assert uninterrupted.check_partition_statuses("demo", name) == {"SUCCEEDED": STEPS}, name
+        assert uninterrupted.latest("demo", "weights", STEPS[-1])["checks_failed"] == "none"  # never a blank row
         targets: dict[str, int] = {}
         for e in evaluations:  # newest first: each partition's latest evaluation targets its latest materialization
             targets.setdefault(e.partition, e.target_materialization_data.storage_id)
@@ -217,6 +223,8 @@ def test_a_rubric_only_fork_reuses_step_0_rollouts_and_regenerates_after(lab, un
         assert forked.latest("demo_tidy", "rollouts", step)["trials_executed"] == 24
     assert counters.read("trials_executed") - before.get("trials_executed", 0) == 2 * 24
     assert forked.latest("demo_tidy", "rewards", "0000")["rubric"]["tidiness"] == 1.0
+    fork_of = {e: forked.defs.resolve_assets_def(AssetKey([e, "weights"])).metadata_by_key[AssetKey([e, "weights"])]["fork_of"] for e in ("demo", "demo_tidy")}
+    assert fork_of == {"demo": "none", "demo_tidy": "demo"}  # what the asset's page shows: never a blank row
 
 
 def test_a_fork_reuses_its_parents_steps_and_resumes_from_them_a_same_settings_copy_does_not(lab, uninterrupted):

@@ -2,12 +2,13 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from dagster_rl.errors import ExperimentError
-from dagster_rl.experiment_files import load_experiments
+from dagster_rl.experiment_files import load_experiments, read_experiments
 from tests.conftest import REPO, demo_settings, shipped_settings, write_experiments
 
 
@@ -65,14 +66,14 @@ def test_one_bad_file_leaves_the_others_usable_and_its_error_visible(tmp_path):
     assert loaded.stdout.strip() == "demo_train"
     assert "broken.yaml: invalid experiment: field 'n_samples'" in loaded.stderr
     assert "latin1.yaml: not UTF-8 text" in loaded.stderr
-    # the experiment_files code location fails with both errors: the UI shows it as a location problem
+    # the invalid_experiment_files code location fails with both errors: the UI shows it as a location problem
     failed = python("import assets.experiment_errors")
     assert failed.returncode != 0
     assert "2 invalid experiment files" in failed.stderr and "GRPO normalizes rewards within a group" in failed.stderr
     assert "latin1.yaml: not UTF-8 text (byte 9: invalid continuation byte)" in failed.stderr
 
 
-def test_the_experiment_files_location_loads_empty_when_every_file_is_valid():
+def test_the_invalid_experiment_files_location_loads_empty_when_every_file_is_valid():
     proc = subprocess.run([sys.executable, "-c", "import assets.experiment_errors"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 
@@ -97,11 +98,80 @@ def test_a_fork_of_an_unknown_parent_is_refused(tmp_path):
         load(tmp_path, demo_settings(name="orphan", fork_of="nope"))
 
 
-def test_two_files_with_one_name_are_refused(tmp_path):
+def test_two_files_with_one_name_are_both_refused_naming_both_and_the_others_stay_usable(tmp_path):
+    """Issue 24: a copy of demo.yaml that kept `name: demo` (a_demo.yaml, another learning rate) was
+    read first and won; demo.yaml was the one reported, and `train demo` trained the copy."""
+    folder = write_experiments(tmp_path / "exp", demo_settings(), demo_settings(name="other"))
+    (folder / "a_demo.yaml").write_text(yaml.safe_dump(demo_settings(grpo={"learning_rate": 5.0})))
+    files = read_experiments(folder)
+    assert sorted(files.experiments) == ["other"]
+    both = f"experiment name 'demo' is declared by 2 files, {folder / 'a_demo.yaml'} and {folder / 'demo.yaml'}"
+    assert files.errors == {str(folder / f): f"{folder / f}: {both}; a name is declared by one file only: give the other a name of its own (its `name:` field), or remove it" for f in ("a_demo.yaml", "demo.yaml")}
+
+
+def _read_in_a_thread(folder, timeout_s: float = 30.0):
+    """read_experiments(folder), failing the test instead of hanging when a read blocks."""
+    import threading
+
+    out = {}
+    reader = threading.Thread(target=lambda: out.update(files=read_experiments(folder)), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    assert "files" in out, f"reading {folder} did not return within {timeout_s} s"
+    return out["files"]
+
+
+def test_only_regular_files_under_a_size_bound_are_read_and_the_others_stay_usable(tmp_path):
+    """Issue 24: `experiments/fifo.yaml` (a FIFO) hung every command and the code location;
+    `zero.yaml -> /dev/zero` ended every one in MemoryError."""
+    import os
+
     folder = write_experiments(tmp_path / "exp", demo_settings())
-    (folder / "copy.yaml").write_text(yaml.safe_dump(demo_settings()))
-    with pytest.raises(ExperimentError, match="name 'demo' is already used"):
-        load_experiments(folder)
+    os.mkfifo(folder / "fifo.yaml")
+    (folder / "zero.yaml").symlink_to("/dev/zero")
+    (folder / "big.yaml").write_text("name: big\n" + "# " + "x" * (1 << 20) + "\n")
+    (folder / "sub.yaml").mkdir()
+    files = _read_in_a_thread(folder)
+    assert sorted(files.experiments) == ["demo"]
+    assert files.errors[str(folder / "fifo.yaml")] == f"{folder / 'fifo.yaml'}: not a regular file (it is a FIFO); an experiment file is a plain YAML file"
+    assert files.errors[str(folder / "zero.yaml")].endswith("zero.yaml: not a regular file (it is a character device); an experiment file is a plain YAML file")
+    assert files.errors[str(folder / "big.yaml")] == f"{folder / 'big.yaml'}: {(folder / 'big.yaml').stat().st_size} bytes, more than the 1048576 an experiment file may hold"
+    assert "not a regular file (it is a folder)" in files.errors[str(folder / "sub.yaml")]
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("name: demo\nn_steps: 4\nseed: 0\nn_steps: 8\n", "the key 'n_steps' is given twice in one mapping (lines 2 and 4); keep one"),
+        ("name: demo\ngrpo:\n  learning_rate: 1.0\n  learning_rate: 2.0\n", "the key 'learning_rate' is given twice in one mapping (lines 3 and 4); keep one"),
+    ],
+)
+def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path, text, said):
+    """Issue 24: the last value of a key given twice silently won."""
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    (folder / "twice.yaml").write_text(text)
+    assert read_experiments(folder).errors == {str(folder / "twice.yaml"): f"{folder / 'twice.yaml'}: {said}"}
+
+
+def test_a_merge_key_may_be_overridden(tmp_path):
+    folder = write_experiments(tmp_path / "exp")
+    raw = yaml.safe_dump(demo_settings()).replace("grpo:\n  learning_rate: 2.0", "grpo:\n  <<: {learning_rate: 1.0}\n  learning_rate: 2.0")
+    assert "<<:" in raw
+    (folder / "demo.yaml").write_text(raw)
+    assert read_experiments(folder).experiments["demo"].grpo.learning_rate == 2.0
+
+
+def test_a_missing_experiments_folder_is_named_by_every_reader(tmp_path):
+    """Issue 24: DAGSTER_RL_EXPERIMENTS naming a missing folder said "known: none", and the code
+    location loaded empty (`dagster asset materialize` then: "Could not find job '__ASSET_JOB'")."""
+    missing = tmp_path / "nowhere"
+    env = {"DAGSTER_RL_EXPERIMENTS": str(missing), "PATH": "/usr/bin:/bin", "DAGSTER_HOME": str(tmp_path)}
+    named = f"{missing}: the experiments folder does not exist; experiments are read from a folder of YAML files (DAGSTER_RL_EXPERIMENTS={missing} names it"
+    for argv in ([str(Path(sys.executable).parent / "dagster-rl"), "status", "demo"], [sys.executable, "-c", "import assets.definitions"]):
+        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and named in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith(f"dagster_rl code location: {named}"), done.stderr
 
 
 def test_shipped_experiments_load():

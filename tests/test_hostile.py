@@ -5,6 +5,7 @@ Each test names the finding of issue 10 (or, in the last section, of issue 20) i
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def test_truncated_weights_of_a_predecessor_are_moved_aside_and_the_error_says_w
 
     code, out = cli(lab, monkeypatch, capsys, "status", "demo")
     assert "experiment demo: 3 of 16 steps materialized" in out
-    assert "0002  missing" in out and "0002: its weights artifact(s) are not in the store (moved aside or deleted): re-run from step 0002" in out
+    assert re.search(r"^0002 +missing ", out, re.M) and "0002: its weights artifact(s) are not in the store (moved aside or deleted): re-run from step 0002" in out
     assert lab.run("demo", "0002", "0003").success
     assert lab.latest("demo", "weights", "0002")["artifact_key"] == key and lab.latest("demo", "weights", "0002")["cache"] == "miss"
 
@@ -199,6 +200,9 @@ def test_rollouts_changed_with_their_manifest_are_caught_by_verify_and_stop_the_
     assert code == 1 and ": 1 bad" in out, out
     assert f"BAD rollouts 0001: artifact rollouts/{before['artifact_key']}: the materialization recorded content hash {before['content_hash']}, the store holds {stored}" in out
     assert "`dagster-rl verify demo --repair` moves the bad artifacts aside" in out and "re-run from step 0001" in out
+    code, out = cli(lab, monkeypatch, capsys, "lineage", "demo", "3")  # issue 24: lineage flags it as verify does
+    assert code == 1 and f"  MISMATCH rollouts 0001: artifact rollouts/{before['artifact_key']}: the materialization recorded content hash {before['content_hash']}, the store holds {stored}" in out, out
+    assert "1 mismatch(es) with what Dagster recorded" in out and "re-run from step 0001" in out
 
     message = failure_message(lab.run("demo", "0000", "0003", raise_on_error=False))
     assert f"artifact rollouts/{before['artifact_key']} is not what Dagster recorded: the materialization of demo/rollouts 0001 recorded content hash {before['content_hash']}, the store holds {stored}" in message
@@ -240,6 +244,13 @@ def test_another_steps_weights_reported_as_the_predecessor_are_refused(four_step
     lab = four_steps
     one = lab.latest("demo", "weights", "0001")
     report(lab, "demo", "0003", one)  # every field of step 0001's materialization, content hash included
+    code, out = cli(lab, monkeypatch, capsys, "verify", "demo")  # issue 24: verify found nothing wrong
+    assert code == 1 and ": 1 bad" in out, out
+    assert (
+        f"BAD weights 0003: the materialization of demo/weights 0003 names artifact weights/{one['artifact_key']}, which "
+        "step 0001 of experiment demo made: not the step's own" in out
+    ), out
+    assert "then re-run from step 0003" in out
     result = lab.run("demo", "0004", "0004", raise_on_error=False)
     message = failure_message(result)
     assert (
@@ -251,6 +262,37 @@ def test_another_steps_weights_reported_as_the_predecessor_are_refused(four_step
     assert lab.run("demo", "0003", "0004").success  # the fix the error names
     assert lab.latest("demo", "rollouts", "0004")["behavior_policy"]["partition"] == "0003"
     assert lab.latest("demo", "weights", "0003")["content_hash"] != one["content_hash"]
+
+
+def test_a_materialization_without_metadata_is_not_dagster_rls_and_says_the_step_to_re_run(four_steps, monkeypatch, capsys):
+    """Issue 24: a runless materialization without metadata showed as `None/None nan`, and the run
+    after it said to re-run from 0000 (its `training_hash` was None)."""
+    lab = four_steps
+    report(lab, "demo", "0004", {})
+    said = "the materialization of demo/weights 0004 was not written by dagster-rl: it records no artifact"
+    code, out = cli(lab, monkeypatch, capsys, "status", "demo")
+    row = next(line for line in out.splitlines() if line.startswith("0004"))
+    assert code == 0 and row.split() == ["0004", "foreign"] and "None" not in out and "nan" not in out, out
+    assert f"0004: {said}" in out and "Re-run the range from step 0004" in out
+    for argv in (("verify", "demo"), ("lineage", "demo", "4")):
+        code, out = cli(lab, monkeypatch, capsys, *argv)
+        assert code == 1 and said in out and "step 0004" in out and "0000" not in out.split(said)[1], out
+    message = failure_message(lab.run("demo", "0005", "0005", raise_on_error=False))
+    assert said in message and "Re-run the range from step 0004" in message and "from 0000" not in message, message
+    assert lab.run("demo", "0004", "0005").success  # the fix it names
+
+
+def test_lineage_into_a_closed_pipe_ends_quietly(four_steps):
+    """Issue 24: `dagster-rl lineage demo 3 | head -1` ended in a BrokenPipeError traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written: every write fails
+    env = {**os.environ, "DAGSTER_HOME": str(four_steps.home), "DAGSTER_RL_EXPERIMENTS": str(four_steps.home / "experiments")}
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster-rl"), "lineage", "demo", "3", "--json"], stdout=write_end, stderr=subprocess.PIPE,
+        env=env, text=True, timeout=120,
+    )  # fmt: skip
+    os.close(write_end)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
 
 
 def test_another_experiments_weights_reported_as_the_predecessor_are_refused(lab):
@@ -345,7 +387,29 @@ def test_without_dagster_home_the_code_location_and_the_cli_refuse_with_the_line
         done = subprocess.run(argv, cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
         assert done.returncode != 0, (argv, done.stdout, done.stderr)
         assert "DAGSTER_HOME is not set" in done.stderr and "export DAGSTER_HOME=$PWD/.dagster_home" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr  # issue 24: one message, no traceback before it
     assert not (tmp_path / ".dagster_home").exists()
+
+
+def test_every_error_of_train_and_of_the_code_location_is_one_message(lab, tmp_path):
+    """Issue 24: `dagster-rl train` with the judge's URL set and no model printed a 57-line
+    traceback before the message; `dagster asset materialize` with DAGSTER_HOME unset, one as well."""
+    home = lab("errors", demo_settings()).home
+    env = {**os.environ, "DAGSTER_HOME": str(home), "DAGSTER_RL_EXPERIMENTS": str(home / "experiments")}
+    env["DAGSTER_RL_JUDGE_URL"] = "http://127.0.0.1:9/v1"
+    env.pop("DAGSTER_RL_JUDGE_MODEL", None)
+    done = subprocess.run([str(Path(sys.executable).parent / "dagster-rl"), "train", "demo", "0000...0000"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    said = "DAGSTER_RL_JUDGE_URL is set, so the judge is an LLM over that endpoint: set DAGSTER_RL_JUDGE_MODEL to its model's name"
+    assert done.returncode == 1 and done.stderr == f"dagster-rl: {said}\n", done.stderr
+    debug = subprocess.run([str(Path(sys.executable).parent / "dagster-rl"), "--debug", "train", "demo", "0000...0000"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and said in debug.stderr  # --debug: the traceback too
+
+    env.pop("DAGSTER_HOME")
+    env.pop("DAGSTER_RL_JUDGE_URL")
+    argv = [str(Path(sys.executable).parent / "dagster"), "asset", "materialize", "-m", "assets.definitions", "--select", "group:demo", "--partition", "0000"]
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.rstrip().endswith("(`make demo` and `make ui` use .dagster_home)") and "dagster_rl code location: DAGSTER_HOME is not set" in done.stderr
 
 
 def test_a_sandbox_root_that_is_a_file_fails_the_run_naming_it(lab, tmp_path):

@@ -29,6 +29,7 @@ from dagster_k8s.executor import K8sStepHandler
 from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
 
 from assets import deployment
+from dagster_rl.errors import SettingError
 from dagster_rl.experiment_files import load_experiments
 from dagster_rl.k8s_manifests import INDEX_LABEL, MAX_LABEL, ClusterSettings, expand, headless_service, indexed_job, job_name
 from dagster_rl.lm.backends import LMTrainer
@@ -227,7 +228,7 @@ def test_the_code_location_reads_its_cluster_from_its_environment(monkeypatch):
     url = defs.resources["rollout"].base_url  # an EnvVar: read where the run executes
     assert isinstance(url, EnvVar) and url.env_var_name == deployment.ROLLOUT_URL
     monkeypatch.setenv(deployment.EXECUTOR, "celery")
-    with pytest.raises(ValueError, match="DAGSTER_RL_EXECUTOR='celery'"):
+    with pytest.raises(SettingError, match="DAGSTER_RL_EXECUTOR='celery'"):
         deployment.executor()
     for name in (deployment.EXECUTOR, deployment.K8S_IMAGE, deployment.ROLLOUT_URL):
         monkeypatch.delenv(name)

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from dagster_rl import counters
+from dagster_rl.errors import SettingError
 from dagster_rl.judge_journal import KIND, JudgeJournal, journal_key, trajectory_hash
 from dagster_rl.llm_judge import LLMJudge, LLMJudgeError, OpenAIChatClient, parse_score, rubric_hash
 from dagster_rl.records import Rewards
@@ -102,10 +103,10 @@ def test_a_judging_task_retried_after_failing_replays_the_identical_score(stub, 
     again = make_judge(stub, store).judge(exp, traj)
     assert stub.count == 1
     assert first == again
-    entry = JudgeJournal(store).lookup(trajectory_hash(traj), rubric_hash(exp.rubric, SecretSearchGrading.prompt_version), MODEL)
+    entry = JudgeJournal(store).lookup(make_judge(stub, store).request(exp, traj), trajectory_hash(traj))
     assert entry is not None and entry.reply == f"SCORE: {rule_score(stub.calls[0])}"
     assert first.components["llm"] == entry.score
-    assert store.exists(KIND, journal_key(entry.trajectory_hash, entry.rubric_hash, MODEL))
+    assert entry.request == stub.calls[0] and store.exists(KIND, journal_key(stub.calls[0], trajectory_hash(traj)))
 
 
 def test_a_new_rubric_or_a_new_model_is_a_new_call(stub, store):
@@ -208,7 +209,7 @@ def test_the_code_location_picks_the_llm_judge_from_the_environment(monkeypatch)
     monkeypatch.delenv("DAGSTER_RL_JUDGE_URL", raising=False)
     assert judge_environment(store).backend == "in_process"
     monkeypatch.setenv("DAGSTER_RL_JUDGE_URL", "http://127.0.0.1:1/v1")
-    with pytest.raises(ValueError, match="DAGSTER_RL_JUDGE_MODEL"):
+    with pytest.raises(SettingError, match="DAGSTER_RL_JUDGE_MODEL"):
         judge_environment(store)
     monkeypatch.setenv("DAGSTER_RL_JUDGE_MODEL", MODEL)
     judge = judge_environment(store)
@@ -260,9 +261,10 @@ def test_the_llm_judge_grades_language_model_completions_through_the_driver(lab)
         assert r.reward == pytest.approx(r.components["accuracy"] + exp.rubric.format * r.components["llm"])
         completion = _rollout(run, "0000", r.trial_id).completion_text
         assert r.components["llm"] == (1.0 if re.search(r"####\s*\d", completion) else 0.25)  # the grade of its own text
-    entry = JudgeJournal(run.store()).lookup(
-        trajectory_hash(_rollout(run, "0000", rewards[0].trial_id)), rubric_hash(exp.rubric, LMGrading.prompt_version), MODEL
-    )
+    graded = _rollout(run, "0000", rewards[0].trial_id)
+    entries = [JudgeJournal(run.store()).lookup(body, trajectory_hash(graded)) for body in calls]
+    entry = next(e for e in entries if e is not None)
+    assert entry.rubric_hash == rubric_hash(exp.rubric, LMGrading.prompt_version) and entry.model == MODEL
     assert entry is not None and entry.score == rewards[0].components["llm"]
 
     in_process = lab("lm_rubric", settings)
@@ -292,7 +294,7 @@ def test_a_judge_that_answers_megabytes_has_a_bounded_journal(stub, store, tmp_p
     assert all(r.components["llm"] == 0.5 for r in rewards)  # scored from the whole reply
     stored = sum(f.stat().st_size for f in (tmp_path / "artifacts" / KIND).rglob("*") if f.is_file())
     assert stored < 4 * (MAX_REPLY_CHARS + 4096), stored
-    entry = JudgeJournal(store).lookup(trajectory_hash(trajs[0]), rubric_hash(exp.rubric, SecretSearchGrading.prompt_version), MODEL)
+    entry = JudgeJournal(store).lookup(make_judge(stub, store).request(exp, trajs[0]), trajectory_hash(trajs[0]))
     assert entry.reply == stub.reply_text[:MAX_REPLY_CHARS]
     assert (entry.reply_chars, entry.reply_sha256) == (len(stub.reply_text), sha256_hex(stub.reply_text.encode()))
 
@@ -333,8 +335,9 @@ def test_a_journal_entry_no_judge_could_have_written_is_moved_aside_and_asked_ag
 
     exp, traj = experiment(), trajectory(1)
     t_hash, r_hash = trajectory_hash(traj), rubric_hash(exp.rubric, SecretSearchGrading.prompt_version)
-    forged = JudgeCall.model_construct(trajectory_hash=t_hash, rubric_hash=r_hash, model=MODEL, request={}, reply="SCORE: 5", score=5.0, recorded_at="x")
-    store.put_model(KIND, journal_key(t_hash, r_hash, MODEL), forged)
+    request = make_judge(stub, store).request(exp, traj)
+    forged = JudgeCall.model_construct(trajectory_hash=t_hash, rubric_hash=r_hash, model=MODEL, request=request, reply="SCORE: 5", score=5.0, recorded_at="x")
+    store.put_model(KIND, journal_key(request, t_hash), forged)
     reward = make_judge(stub, store).judge(exp, traj)
     assert stub.count == 1 and reward.components["llm"] == rule_score(stub.calls[0])  # asked again, not replayed
     assert [p.name.split(".")[-1] for p in (Path(store.root) / "quarantine" / KIND).iterdir()] == ["invalid"]

@@ -135,3 +135,29 @@ def test_the_same_plan_trains_the_same_bytes(tiny_dir, stale_batch):
         metrics = train_step(policy, optimizer, samples, len(samples), grpo, facts)
         out.append((metrics, checkpoint_bytes(policy, optimizer)))
     assert out[0] == out[1]
+
+
+def test_on_policy_the_update_does_not_depend_on_the_samplers_float_noise(tiny_dir):
+    """With the trainer's own log-probs as the ratio's old policy (rollouts the trained weights
+    sampled), log-probs the sampler rounded otherwise train the same bytes; `logp_max_dev` still
+    measures the sampler against the trainer. With the sampler's as the old policy, they do not."""
+    from dataclasses import replace
+
+    policy = fresh_policy(tiny_dir)
+    rollouts, rewards = step_batch(policy, step=0, prompts=4, samples=3)
+    samples, facts = build_samples(rollouts, rewards, GRPO.advantage_eps)
+    noisy = [replace(s, old_logp=[x + 3e-7 * (-1) ** i for i, x in enumerate(s.old_logp)]) for s in samples]  # a server's batch shapes
+
+    def trained(batch, old_logp):
+        p = fresh_policy(tiny_dir)
+        optimizer = make_optimizer(p, GRPO)
+        metrics = train_step(p, optimizer, batch, len(batch), GRPO, facts, old_logp=old_logp)
+        return checkpoint_bytes(p, optimizer), metrics
+
+    (clean, m_clean), (heard, m_heard) = trained(samples, "trainer"), trained(noisy, "trainer")
+    assert clean == heard
+    assert (m_clean.ratio, m_clean.ratio_max_dev) == (1.0, 0.0)
+    assert m_heard.logp_max_dev > m_clean.logp_max_dev and m_heard.logp_max_dev >= 2e-7  # the check still sees the sampler
+    assert trained(samples, "sampler")[0] != trained(noisy, "sampler")[0]  # the sampler's noise enters the update
+    with pytest.raises(ValueError, match="old_logp"):
+        train_step(policy, make_optimizer(policy, GRPO), samples, len(samples), GRPO, facts, old_logp="behavior")

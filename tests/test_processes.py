@@ -61,13 +61,17 @@ def test_make_demo_prints_a_line_per_step_and_the_table(tmp_path):
     steps = [m.groups() for line in lines if (m := STEP_LINE.match(line))]
     assert steps == [("0000", "miss"), ("0001", "miss"), ("0002", "miss")], lines
     assert "experiment demo: 3 of 16 steps materialized" in done.stdout
-    assert re.search(r"^0002  materialized  miss   24/24   1\.715 ", done.stdout, re.M), done.stdout
+    assert re.search(r"^0002 +materialized +miss +24/24 +1\.715 ", done.stdout, re.M), done.stdout
+    assert re.search(r"^0003\.\.\.0015 +not materialized$", done.stdout, re.M), done.stdout  # every step, the rest as one row
     assert not any("DEBUG" in line or "did not yield" in line for line in lines), lines
     assert len(lines) < 25, lines  # migrate's notices, 3 step lines, the table
     with DagsterInstance.from_config(str(home)) as instance:  # the full log stays in the run
         run = instance.get_runs()[0]
-        kinds = [e.dagster_event.event_type_value for e in instance.all_logs(run.run_id) if e.dagster_event]
+        log = instance.all_logs(run.run_id)
+    kinds = [e.dagster_event.event_type_value for e in log if e.dagster_event]
     assert kinds.count("ASSET_MATERIALIZATION") == 9 and "STEP_START" in kinds and kinds.count("ASSET_CHECK_EVALUATION") == 9
+    assert not [e.message for e in log if "did not yield" in (e.message or "")]  # each check's output, as Dagster expects
+    assert run.remote_job_origin.location_name == "dagster_rl"  # a run of the code location's job: the UI's job page lists it
 
 
 def test_a_range_after_a_gap_prints_the_error_and_its_fix_on_the_terminal_and_the_traceback_in_the_run(tmp_path):
@@ -116,7 +120,7 @@ def test_dagster_rl_train_checks_first_then_runs_the_range_with_the_console(tmp_
         "dagster-rl: the range 0000...0020 goes past the last step of demo, 0003 (n_steps: 4 in its experiment file): "
         "give a range within 0000...0003, or raise n_steps"
     )
-    assert refused("demo", "2...3").startswith(
+    assert refused("demo", "2...3", "--run-here").startswith(  # checked by the process that runs the range (it reads the instance)
         "dagster-rl: step 0002 of demo starts from the weights of step 0001, which are not materialized (missing: 0000, 0001). "
         "Run from step 0000, e.g.\n    .venv/bin/dagster-rl train demo 0000...0003"
     )
@@ -134,6 +138,8 @@ def test_dagster_rl_train_checks_first_then_runs_the_range_with_the_console(tmp_
     with DagsterInstance.from_config(str(home)) as instance:
         [run] = instance.get_runs()
     assert run.job_name == "demo_train" and run.tags["dagster_rl/range"] == "0000...0001"
+    origin = run.remote_job_origin.repository_origin  # the workspace's code location, as the webserver names it
+    assert (origin.code_location_origin.location_name, origin.repository_name, run.remote_job_origin.job_name) == ("dagster_rl", "__repository__", "demo_train")
     assert lines[0][9:] == f"run {run.run_id[:8]} started (demo_train, steps 0000...0001)", lines
     assert [m.group(1) for line in lines if (m := STEP_LINE.match(line))] == ["0000", "0001"], lines
     assert lines[-1][9:] == f"run {run.run_id[:8]} succeeded (demo_train, steps 0000...0001)" and len(lines) == 4, lines
@@ -141,6 +147,23 @@ def test_dagster_rl_train_checks_first_then_runs_the_range_with_the_console(tmp_
     main(["runs", "demo"])
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["run", "status", "steps", "started"] and out[1].split()[:3] == [run.run_id, "SUCCESS", "0000...0001"]
+
+
+def test_ctrl_c_cancels_a_dagster_rl_train_run(tmp_path):
+    """Ctrl-C at the terminal: the run is canceled, not failed (a daemon's run retries would re-execute
+    a failed run of the code location's job), and the console says to resume."""
+    home, env = home_with(tmp_path, demo_settings(name="slow", n_steps=8, faults={"step_delay_s": 1.5}))
+    train = subprocess.Popen([str(BIN / "dagster-rl"), "train", "slow"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    said = [train.stderr.readline()]
+    while said[-1] and not STEP_LINE.match(said[-1].rstrip("\n")):  # until step 0000's line
+        said.append(train.stderr.readline())
+    train.send_signal(signal.SIGINT)
+    err = "".join(said) + train.communicate(timeout=120)[1]
+    assert train.returncode == 130, err
+    with DagsterInstance.from_config(str(home)) as instance:
+        [run] = instance.get_runs()
+    assert run.status == DagsterRunStatus.CANCELED and run.tags.get("dagster/will_retry") != "true"
+    assert re.search(rf"^\d\d:\d\d:\d\d run {run.run_id[:8]} \(slow_train, steps 0000\.\.\.0007\) interrupted; re-run the same range to resume$", err, re.M), err
 
 
 def test_a_killed_materialize_takes_its_step_process_along_and_the_next_run_fails_it(tmp_path):
@@ -218,3 +241,43 @@ def test_a_long_step_reports_its_progress_in_the_run_log(lab, monkeypatch):
     # every trial generated, judgements still out (the slow judge): the step says judging, not generating
     waiting = [line for line in lines if "16/16 trials generated" in line and ", 16/16 judged" not in line]
     assert waiting and all("; judging, " in line for line in waiting), lines
+
+
+def train_until(env: dict[str, str], cwd: Path, argv: list[str], ready: str, sig: int, group: bool) -> tuple[int, list[str]]:
+    """`dagster-rl train <argv>` in a session of its own (as a terminal's foreground job); once its
+    output has a line holding `ready`, `sig` to its process group (a terminal's Ctrl-C reaches every
+    process of the group) or to it alone (`kill`). (exit status, lines of output)."""
+    proc = subprocess.Popen(
+        [str(BIN / "dagster-rl"), "train", *argv], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line.rstrip("\n"))
+        if ready in line:
+            (os.killpg if group else os.kill)(proc.pid, sig)
+            break
+    lines += proc.stdout.read().splitlines()
+    return proc.wait(60), lines
+
+
+def assert_ended_cleanly(code: int, lines: list[str]) -> None:
+    """Exit 130 and one last line that says to resume; no traceback, error, warning or notice of the interruption."""
+    assert code == 130, lines
+    assert re.fullmatch(r"\d\d:\d\d:\d\d run [0-9a-f]{8} \(slow_train, steps 0000\.\.\.0011\) interrupted; re-run the same range to resume", lines[-1]), lines
+    noise = [line for line in lines if re.search(r"Traceback|Error|Warning|WARNING|ERROR|KeyboardInterrupt|did not receive", line)]
+    assert not noise, lines
+
+
+def test_ctrl_c_or_sigterm_of_train_ends_with_one_line_that_says_to_resume(tmp_path):
+    """Issue 24: Ctrl-C ended with a bare DagsterExecutionInterruptedError (and Dagster's log tails'
+    KeyboardInterrupt tracebacks); SIGTERM as well. The range resumes where it stopped."""
+    home, env = home_with(tmp_path, demo_settings(name="slow", n_steps=12, faults={"step_delay_s": 1.0}))
+    code, lines = train_until(env, tmp_path, ["slow", "0000...0011"], "step 0001 ", signal.SIGINT, group=True)
+    assert_ended_cleanly(code, lines)
+    done = [m.group(1) for line in lines if (m := STEP_LINE.match(line))]
+    code, lines = train_until(env, tmp_path, ["slow", "0000...0011"], f"step {int(done[-1]) + 2:04d} ", signal.SIGTERM, group=False)
+    assert_ended_cleanly(code, lines)
+    steps = {m.group(1): m.group(2) for line in lines if (m := STEP_LINE.match(line))}
+    assert all(steps[s] == "hit" for s in done), lines  # resumed: what the first run stored is reused

@@ -262,6 +262,42 @@ def test_max_batch_is_at_least_one(capsys):
     assert parser.parse_args(["--model", TINY, "--max-batch", "1"]).max_batch == 1
 
 
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--port", "70000"], "argument --port: a port is from 1 to 65535, got 70000"),  # uvicorn listened on 70000 mod 65536
+        (["--port", "0"], "argument --port: a port is from 1 to 65535, got 0"),
+        (["--adapter-root", "/no/such/folder"], "argument --adapter-root: /no/such/folder is not a folder (it does not exist)"),
+    ],
+)
+def test_serve_refuses_a_port_outside_1_to_65535_and_an_adapter_root_that_is_not_a_folder(capsys, argv, said):
+    """Issue 24: `--port 70000` listened on 4464; `--adapter-root` of a missing folder was accepted."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["--model", TINY, *argv])
+    assert exited.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_serve_of_a_model_that_is_not_there_is_one_message(tmp_path):
+    """Issue 24: `dagster-rl serve --model <missing>` printed a 17-line traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    missing = tmp_path / "no-model"
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster-rl"), "serve", "--model", str(missing), "--port", "1"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1 and done.stdout == "", done.stdout
+    assert done.stderr == (
+        f"dagster-rl: cannot load base model '{missing}': no such folder. Give a local model folder (config.json and "
+        "weights), or a hub id that is in the local Hugging Face cache when HF_HUB_OFFLINE=1.\n"
+    ), done.stderr
+
+
 # ---- the batcher under load ---------------------------------------------------------------
 
 

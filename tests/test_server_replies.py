@@ -89,6 +89,15 @@ def test_a_reply_that_breaks_a_rule_is_refused_naming_the_rule_and_the_server(id
     assert detail in message, message
 
 
+def test_a_reply_with_more_choices_than_asked_breaks_a_rule():
+    """Issue 24: a reply with two choices, when a request asks for one, was read as its first."""
+    one = json.loads(answer([5, EOS], [-1.0, -0.1], "stop"))
+    two = json.dumps({"choices": [one["choices"][0], {**one["choices"][0], "index": 1}]}).encode()
+    with pytest.raises(ServerReplyError) as refused:
+        parse(two)
+    assert str(refused.value) == f"{SERVER} sent a completion that breaks the rule 'one choice per request (n = 1)': 2 choices"
+
+
 def test_replies_that_are_not_completions_name_the_server():
     for raw, says in (
         (b'{"choices": []}', "without logprobs"),

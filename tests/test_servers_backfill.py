@@ -2,7 +2,7 @@
 
 Each test waits on the backfill daemon, which looks for new backfills every 30 s (not configurable
 in dagster 1.13), so a backfill test takes about a minute. The experiments folder also holds an
-invalid file: the `experiment_files` code location shows its error, the others are unaffected.
+invalid file: the `invalid_experiment_files` code location shows its error, the others are unaffected.
 """
 
 import json
@@ -37,6 +37,7 @@ def experiments_dir(tmp_path_factory) -> Path:
     # 10 steps: over 40 s of work; its own seed, or its keys would be those of ops_ui's steps (cache hits)
     pool = {**small_demo("ops_pool"), "seed": 7, "faults": {"step_delay_s": 4.0}}
     (folder / "ops_pool.yaml").write_text(yaml.safe_dump(pool, sort_keys=False))
+    (folder / "ops_cli.yaml").write_text(yaml.safe_dump({**small_demo("ops_cli"), "seed": 11}, sort_keys=False))
     (folder / "broken.yaml").write_text(yaml.safe_dump({**small_demo("broken"), "n_samples": 1}, sort_keys=False))
     return folder
 
@@ -145,6 +146,37 @@ def test_a_backfill_and_a_job_launch_of_one_experiment_compute_its_steps_once(sq
         assert any(f"Run {first['runId']} of experiment {exp}" in m and "this run waits for it" in m for m in messages), messages
     else:  # it waited in the queue, and the pool named the run holding it
         assert any(st.get(second["runId"]) == "QUEUED" and holders == [first["runId"]] for st, holders in seen), seen
+
+
+def test_a_dagster_rl_train_run_is_on_its_jobs_runs_tab_and_re_executes_from_the_ui(sqlite_servers):
+    """Issue 28: `dagster-rl train` (in its own process, no daemon needed) makes a run of the code
+    location's job: the job's *Runs* tab lists it, with the origin the Overview timeline needs and
+    the snapshot of the loaded job (so *Re-execute all* shows no warning); its re-execution from the
+    UI runs (queued, by the daemon) and finds every step done; bookkeeping tags stay hidden."""
+    servers, exp = sqlite_servers, "ops_cli"
+    gql = servers.graphql
+    done = subprocess.run(
+        [executable("dagster-rl"), "train", exp, "0000...0001"], env=servers.env, cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    [run] = gql.job_runs(f"{exp}_train")
+    assert f" run {run['id'][:8]} started ({exp}_train, steps 0000...0001)\n" in done.stderr, done.stderr
+    assert run["runStatus"] == "SUCCESS"
+    assert run["repositoryOrigin"] == {"repositoryLocationName": LOCATION, "repositoryName": "__repository__"}
+    assert run["pipelineSnapshotId"] == gql.job_snapshot_id(f"{exp}_train") and run["parentPipelineSnapshotId"] is None
+    assert {k: v for k, v in run["tags"].items() if not k.startswith("dagster/")} == {"dagster_rl/experiment": exp, "dagster_rl/range": "0000...0001"}
+
+    again = gql.reexecute(run["id"])
+    [rerun] = gql.wait_for_runs(tags={"dagster/parent_run_id": run["id"]}, count=1, timeout_s=180)
+    assert rerun["runId"] == again and rerun["status"] == "SUCCESS", servers.log("daemon")[-3000:]
+    assert [r["id"] for r in gql.job_runs(f"{exp}_train")] == [again, run["id"]]
+    assert rerun["tags"]["dagster_rl/range"] == "0000...0001"
+    from dagster import AssetKey
+
+    with servers.instance() as instance:
+        records = instance.fetch_materializations(AssetKey([exp, "weights"]), limit=10, ascending=True).records
+    steps = [(r.run_id, r.asset_materialization.partition, r.asset_materialization.metadata["cache"].value) for r in records]
+    assert steps == [(run["id"], "0000", "miss"), (run["id"], "0001", "miss"), (again, "0000", "hit"), (again, "0001", "hit")]
 
 
 def pool_holders(gql, pool: str) -> list[str]:

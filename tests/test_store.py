@@ -4,6 +4,7 @@ hostile keys refused, first writer wins."""
 from concurrent.futures import ThreadPoolExecutor
 
 import fsspec
+import numpy as np
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
@@ -15,7 +16,7 @@ from dagster_rl.errors import (
     MissingArtifactError,
     StoreWriteError,
 )
-from dagster_rl.hashing import cache_key
+from dagster_rl.hashing import cache_key, canonical_json
 from dagster_rl.store import ADOPTING_KINDS, ArtifactStore, check_key
 
 K1, K, HALF, W = (cache_key("test", "1", name=n) for n in ("k1", "k", "half", "w"))
@@ -129,6 +130,34 @@ def test_adopting_kinds_keep_the_first_writer_and_the_step_continues_from_it(tmp
     first = store.put("weights", K, {"data.json": b"1.0000001"})
     assert store.put("weights", K, {"data.json": b"1.0000002"}) == first  # a GPU's last bits differ
     assert store.get("weights", K, "data.json") == b"1.0000001" and "kept the first one" in heard[0]
+
+
+def test_an_adopted_artifact_is_called_float_rounding_only_within_the_rounding_bound(tmp_path):
+    """Issue 24: a second writer that stored another experiment's 2-world prior under the 3-world
+    prior's key was told "float compute differs in its last bits". The warning says what differs."""
+    from safetensors.numpy import save
+
+    heard = []
+    store = ArtifactStore(f"file://{tmp_path}", warn=heard.append)
+    prior = {"version": 0, "doc_prior": {"w0": [0.25] * 4, "w1": [0.25] * 4, "w2": [0.25] * 4}}
+    store.put("weights", K, {"data.json": canonical_json(prior)})
+    two_worlds = {"version": 0, "doc_prior": {"w0": [0.25] * 4, "w1": [0.25] * 4}}
+    store.put("weights", K, {"data.json": canonical_json(two_worlds)})
+    assert heard[-1] == (
+        f"artifact weights/{K} was stored by another computation of the same key with other bytes: data.json differ; "
+        "first: data.json.doc_prior: ['w0', 'w1', 'w2'] vs ['w0', 'w1']. Not float rounding: more than floats differ: an "
+        "input that changes these bytes is missing from the key, or the computation is not deterministic (on another "
+        "machine or device a sampled token may flip); kept the first one, and this step continues from it"
+    )
+    rounded = {"version": 0, "doc_prior": {w: [0.25, 0.25, 0.25, 0.25 + 3e-8] for w in ("w0", "w1", "w2")}}
+    store.put("weights", K, {"data.json": canonical_json(rounded)})
+    assert "Float rounding: only floats differ, by at most 3e-08 (relative), within 0.0001" in heard[-1] and "missing" not in heard[-1]
+    adapter = np.array([[0.5, -1.25], [2.0, 0.0]], dtype=np.float32)
+    store.put("weights", HALF, {"adapter_model.safetensors": save({"a": adapter})})
+    store.put("weights", HALF, {"adapter_model.safetensors": save({"a": adapter + np.float32(1e-6)})})
+    assert "adapter_model.safetensors:a[" in heard[-1] and "Float rounding" in heard[-1]
+    store.put("weights", HALF, {"adapter_model.safetensors": save({"a": adapter * 2})})
+    assert "Not float rounding: floats differ by up to 0.5 (relative), beyond 0.0001" in heard[-1], heard[-1]
 
 
 def test_of_two_concurrent_writers_of_one_key_exactly_one_wins_whole(tmp_path):

@@ -10,7 +10,7 @@ import random
 from typing import Literal
 
 from dagster_rl.advantages import group_normalized_advantages
-from dagster_rl.checks import CheckOutcome, step_checks
+from dagster_rl.checks import step_checks, weights_finite
 from dagster_rl.experiment import Experiment, Strict, step_key
 from dagster_rl.hashing import cache_key, canonical_json, seed_of
 from dagster_rl.records import STATS, Record, Rewards, Rollouts, TrainedFrom
@@ -108,10 +108,10 @@ class BanditLoop:
                 warn,
             )
             rollouts, rollouts_ref, rollouts_hit = stored.value, stored.ref, stored.hit
-            key = rewards_key("bandit-1", backends.judge, task=exp.task, rollouts=rollouts_ref.content_hash)
+            key = rewards_key("bandit-1", backends.judge, rollouts_ref, task=exp.task)
             scored = step_rewards(store, exp, key, stored, Judged(), backends.judge, warn, Rewards[PullReward])
             rewards, rewards_ref, rewards_hit = scored.value, scored.ref, scored.hit
-            key = weights_key("bandit-1", exp, weights.ref.content_hash, rewards_ref.content_hash, lr=exp.learning_rate)
+            key = weights_key("bandit-1", exp, weights.ref, rewards_ref, lr=exp.learning_rate)
             files, weights_ref, weights_hit = store.get_or_put_files(  # the logits, and what trained them (step, experiment)
                 "weights", key, lambda: {
                     DATA: canonical_json(backends.trainer.train(exp, weights.payload, rollouts.trajectories, rewards.rewards)),
@@ -120,7 +120,7 @@ class BanditLoop:
             )  # fmt: skip
             trained = ArmLogits.model_validate_json(files[DATA])
             weights = Weights(step_key(step), weights_ref, trained, trained.version)
-            finite = CheckOutcome(name="weights_finite", passed=all(map(math.isfinite, trained.logits)), message="", value=0.0)
+            finite = weights_finite(sum(not math.isfinite(x) for x in trained.logits), "")
             yield StepResult(
                 step=step, n_trials=len(rewards.rewards), n_trials_planned=len(trials),
                 mean_reward=mean([r.reward for r in rewards.rewards]),

@@ -6,6 +6,7 @@ The reference run (`session_run`, tests/conftest.py) is steps 0000..0002 of tiny
 with 2 torchrun ranks in one session."""
 
 import ast
+import re
 import json
 import os
 import signal
@@ -279,3 +280,41 @@ def test_a_session_that_stopped_idle_is_replaced_and_the_step_trains_as_a_launch
     one, _ = per_step.train(exp.model_copy(update={"trainer": exp.trainer.model_copy(update={"session": "step"})}), initial, rollouts, rewards)
     two, _ = per_step.train(exp, one, rollouts, rewards)  # no `start`: a launch per step whatever the setting
     assert one == first and two == second and metrics.version == 2
+
+
+def test_the_session_folder_of_a_killed_driver_is_removed_by_the_next_driver_on_its_host(tmp_path):
+    """A SIGKILLed driver cannot remove its session folder: the next one to make a folder there
+    removes every folder whose owner, on this host, is gone, and no other."""
+    import socket
+
+    from dagster_rl.lm.session import OWNER
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "from dagster_rl.lifetime import identity; print(identity())"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    host = socket.gethostname()
+    owners = {"killed": f"{host} {gone}", "running": f"{host} {identity()}", "elsewhere": f"another-host {gone}", "unowned": None}
+    folders = {}
+    for name, owner in owners.items():
+        folders[name] = tmp_path / f"dagster-rl-session-{name}"
+        (folders[name] / JOBS).mkdir(parents=True)
+        if owner is not None:
+            (folders[name] / OWNER).write_text(owner)
+    made = create_folder(tmp_path, SessionSpec(idle_timeout_s=1.0))
+    assert sorted(p.name for p in tmp_path.iterdir() if p.exists()) == sorted([made.name, *(folders[n].name for n in ("running", "elsewhere", "unowned"))])
+    assert (made / OWNER).read_text() == f"{host} {identity()}"
+
+
+def test_ctrl_c_of_a_range_with_a_trainer_session_ends_with_one_line_and_leaves_no_folder(tmp_path):
+    """Issue 24: a trainer session printed Dagster's PreviewWarning when it started, and on Ctrl-C
+    Pipes' "did not receive closed message" besides the interruption's error."""
+    from tests.test_processes import train_until
+
+    settings = session_settings(name="slow", n_steps=12, prompts_per_step=4, n_samples=4, min_trials_per_step=8, faults={"step_delay_s": 1.0})
+    home, env = home_with(tmp_path, settings)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    code, lines = train_until({**env, "TMPDIR": str(scratch)}, tmp_path, ["slow", "0000...0011"], "step 0000 ", signal.SIGINT, group=True)
+    assert code == 130 and lines[-1].endswith("(slow_train, steps 0000...0011) interrupted; re-run the same range to resume"), lines
+    assert not [line for line in lines if re.search(r"Traceback|Error|Warning|WARNING|ERROR|did not receive", line)], lines
+    assert not list(scratch.glob("dagster-rl-session-*")), "the session's folder is removed"

@@ -204,7 +204,7 @@ def test_a_range_on_vllm_is_on_policy_at_every_step_and_serves_each_version_as_i
     devs = [clean.latest(NAME, "weights", s)["logp_max_dev"] for s in STEPS]
     print(f"\non-policy max |logp_trainer - logp_vllm| per step, temperature 1: {['%.2e' % d for d in devs]}")
     for step, dev in zip(STEPS, devs):
-        assert checks[step].passed and checks[step].metadata["value"].value == dev, (step, checks[step].description)
+        assert checks[step].passed and checks[step].metadata["logp_max_dev"].value == dev, (step, checks[step].description)
         assert 0.0 <= dev <= FLOAT32_TOLERANCE and clean.latest(NAME, "weights", step)["ratio_max_dev"] <= FLOAT32_TOLERANCE
     # completions end at the tokenizer's eos (1) or at max_new_tokens, never at the folder's other eos id (0)
     trajectories = [t for s in STEPS for t in rollouts_of(clean, NAME, s).trajectories]
@@ -286,7 +286,7 @@ def test_a_request_that_leaves_fields_to_the_server_fails_the_step_and_its_rollo
     for cause in ("generation_config.json", "--generation-config vllm", "--logprobs-mode processed_logprobs", "dtype", "stale adapter"):
         assert cause in message, cause
     evaluation = on_policy_evaluations(off, "vllm_off")["0000"]
-    assert not evaluation.passed and evaluation.metadata["value"].value > 0.05
+    assert not evaluation.passed and evaluation.metadata["logp_max_dev"].value > 0.05
     assert off.latest("vllm_off", "weights", "0000")["checks_failed"] == "on_policy"
     assert sorted(off.metadata("vllm_off", "weights")) == ["0000"]  # the range stopped there
     moved = list((off.home / "artifacts" / "quarantine" / "rollouts").glob("*.off_policy"))
@@ -298,7 +298,7 @@ def test_a_request_that_leaves_fields_to_the_server_fails_the_step_and_its_rollo
     assert result.success, failure_message(result)
     assert counters.read("trials_executed") - before == 2 * 16
     assert all(e.passed for p, e in on_policy_evaluations(off, "vllm_off").items())
-    assert off.latest("vllm_off", "weights", "0000")["checks_failed"] == "" and "supersedes" in off.latest("vllm_off", "weights", "0000")
+    assert off.latest("vllm_off", "weights", "0000")["checks_failed"] == "none" and "supersedes" in off.latest("vllm_off", "weights", "0000")
 
 
 def shape(value):

@@ -36,7 +36,7 @@ from dagster_rl.lm.rewards import LMReward
 from dagster_rl.lm.session import SessionEnded, SessionSpec, TrainerSession, create_folder
 from dagster_rl.lm.records import LMRollout, RolloutRequest
 from dagster_rl.lm.rollout_hf import generate_rollouts
-from dagster_rl.lm.trainer import TrainMetrics
+from dagster_rl.lm.trainer import OldLogp, TrainMetrics
 from dagster_rl.lm.worker import CHECKPOINT_DIR, METRICS, TIMINGS, HeldBox, TrainBatch, TrainJob, launch_torchrun, run_job, write_job
 from dagster_rl.pods import COMPLETION_INDEX, MASTER_ADDR, MASTER_PORT, PodJob, PodLauncher
 from dagster_rl.records import TrialFailed
@@ -195,8 +195,10 @@ class LMTrainer:
         rollouts: list[LMRollout],
         rewards: list[LMReward],
         reference: dict[str, bytes] | None = None,
+        old_logp: OldLogp = "sampler",
     ) -> tuple[dict[str, bytes], TrainMetrics]:
-        """One update from `previous`; `reference`: the KL term's reference adapter (None: the base)."""
+        """One update from `previous`; `reference`: the KL term's reference adapter (None: the base);
+        `old_logp`: the ratio's old policy (`lm.trainer.train_step`)."""
         if self.workdir is not None:
             self.workdir.mkdir(parents=True, exist_ok=True)
         step = rollouts[0].step if rollouts else 0
@@ -205,10 +207,10 @@ class LMTrainer:
             counters.bump("train_calls")
             start = time.perf_counter()
             if self.in_session(exp):
-                files, metrics, timings = self._in_session(exp, step, previous, rollouts, rewards, reference)
+                files, metrics, timings = self._in_session(exp, step, previous, rollouts, rewards, reference, old_logp)
             else:
                 with tempfile.TemporaryDirectory(prefix="dagster-rl-train-", dir=self.workdir) as tmp:
-                    files, metrics, timings = self._run(exp, step, previous, rollouts, rewards, reference, Path(tmp))
+                    files, metrics, timings = self._run(exp, step, previous, rollouts, rewards, reference, old_logp, Path(tmp))
             self.log.append({"wall_s": time.perf_counter() - start, **timings})
             return files, metrics
 
@@ -224,7 +226,7 @@ class LMTrainer:
     def _job(self, exp, step: int, batch: Path, output: Path, **inputs) -> TrainJob:
         return TrainJob(policy=exp.policy, device=exp.policy.device, grpo=exp.grpo, batch=str(batch), output_dir=str(output), step=step, **inputs)
 
-    def _run(self, exp, step, previous, rollouts, rewards, reference, tmp: Path) -> tuple[dict[str, bytes], TrainMetrics, dict[str, float]]:
+    def _run(self, exp, step, previous, rollouts, rewards, reference, old_logp, tmp: Path) -> tuple[dict[str, bytes], TrainMetrics, dict[str, float]]:
         (tmp / "batch.json").write_text(TrainBatch(rollouts=rollouts, rewards=rewards).model_dump_json())
         job = self._job(
             exp,
@@ -234,6 +236,7 @@ class LMTrainer:
             input_checkpoint=str(save_checkpoint(tmp / "input", previous)),
             input_hash=checkpoint_hash(previous),
             reference_checkpoint=str(save_checkpoint(tmp / "reference", reference)) if reference is not None else None,
+            old_logp=old_logp,
         )
         job_path = write_job(job, tmp / "job.json")
         if self.pods is not None:
@@ -254,13 +257,13 @@ class LMTrainer:
         }
 
     # ---- a session for the range ----------------------------------------------------------------
-    def _in_session(self, exp, step, previous, rollouts, rewards, reference) -> tuple[dict[str, bytes], TrainMetrics, dict[str, float]]:
+    def _in_session(self, exp, step, previous, rollouts, rewards, reference, old_logp) -> tuple[dict[str, bytes], TrainMetrics, dict[str, float]]:
         try:
-            return self._hand_over(exp, step, previous, rollouts, rewards, reference)
+            return self._hand_over(exp, step, previous, rollouts, rewards, reference, old_logp)
         except SessionEnded:  # its workers stopped, idle, just before this step came: new ones take it
-            return self._hand_over(exp, step, previous, rollouts, rewards, reference)
+            return self._hand_over(exp, step, previous, rollouts, rewards, reference, old_logp)
 
-    def _hand_over(self, exp, step, previous, rollouts, rewards, reference) -> tuple[dict[str, bytes], TrainMetrics, dict[str, float]]:
+    def _hand_over(self, exp, step, previous, rollouts, rewards, reference, old_logp) -> tuple[dict[str, bytes], TrainMetrics, dict[str, float]]:
         """The step, through the range's session (opened now when there is none)."""
         try:
             session = self.sessions.get(lambda n: self._open(exp, step, n))
@@ -277,6 +280,7 @@ class LMTrainer:
                 input_hash=input_hash,
                 reference_checkpoint=str(ref_dir) if ref_dir is not None else None,
                 reference_hash=ref_hash,
+                old_logp=old_logp,
             )
             files, answer = session.run(seq, job.model_dump_json(), directory / "output" / CHECKPOINT_DIR, self._step_timeout(exp))
         except BaseException:

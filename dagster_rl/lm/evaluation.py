@@ -8,12 +8,14 @@ from dagster_rl.records import Record
 
 
 class Evaluation(Record):
-    """Greedy accuracy and mean reward of one policy on the held-out prompts (stored per weights)."""
+    """Greedy accuracy and mean reward of one policy on the held-out prompts (stored per weights),
+    and each prompt's greedy answer (prompt id -> completion text)."""
 
     weights_hash: str  # content hash of the evaluated weights; "" for a policy that is not stored
     n: int
     accuracy: float
     mean_reward: float
+    answers: dict[str, str] = {}
 
 
 def evaluate(policy: Policy, prompt_set: PromptSet, rubric: LMRubric, max_new_tokens: int, weights_hash: str = "") -> Evaluation:
@@ -26,4 +28,5 @@ def evaluate(policy: Policy, prompt_set: PromptSet, rubric: LMRubric, max_new_to
         n=n,
         accuracy=sum(correct) / n if n else 0.0,
         mean_reward=sum(sum(c.values()) for _, c in scored) / n if n else 0.0,
+        answers={it.id: t for it, t in zip(prompt_set.eval, texts)},
     )

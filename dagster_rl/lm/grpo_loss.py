@@ -1,8 +1,10 @@
 """The GRPO loss of completions, as a pure function of their per-token log-probabilities.
 
 loss_i = -( mean_t min(r_t A_i, clip(r_t, 1-eps, 1+eps) A_i) - beta mean_t KL_t ), t over the
-completion tokens of sample i; r_t = exp(new_t - old_t), against the behavior log-probs recorded at
-sampling; KL_t = exp(d_t) - d_t - 1 with d_t = ref_t - new_t (the k3 estimator, >= 0), ref the base
+completion tokens of sample i; r_t = exp(new_t - old_t), against the behavior policy's log-probs:
+those the sampler recorded when the rollouts are stale (a lag), and, when the trained weights are
+the ones that sampled them, the trainer's own `new_t` detached (as TRL does with one iteration:
+the same gradient, A_i grad new_t, free of the sampler's float noise); KL_t = exp(d_t) - d_t - 1 with d_t = ref_t - new_t (the k3 estimator, >= 0), ref the base
 with the adapter disabled. At r = 1 the surrogate's gradient is REINFORCE's (its value is A). A step's
 loss is the mean of loss_i over its samples (the trainer's scale).
 
@@ -46,9 +48,12 @@ def grpo_batch_loss(
     advantages: torch.Tensor,
     clip_eps: float,
     kl_beta: float,
+    sampler_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, BatchStats]:
     """fp32 (B, T) log-probs, `mask` (B, T) bool (True on completion tokens, at least one per row),
-    `advantages` (B,). Returns loss_i (B,) and the stats; only `new_logp` carries grad."""
+    `advantages` (B,). `old_logp`: the ratio's old policy; `sampler_logp`: what the sampler recorded,
+    which `logp_max_dev` and `logp_dev_sum` compare `new_logp` with (default: `old_logp`). Returns
+    loss_i (B,) and the stats; only `new_logp` carries grad."""
     if not (new_logp.shape == old_logp.shape == ref_logp.shape == mask.shape) or new_logp.dim() != 2:
         raise ValueError(
             f"log-prob shapes differ or are not (batch, tokens): new {tuple(new_logp.shape)}, old {tuple(old_logp.shape)}, "
@@ -70,13 +75,14 @@ def grpo_batch_loss(
     kl = token_mean(torch.exp(delta) - delta - 1.0)
     loss = -(surrogate - kl_beta * kl)
     dev = (ratio.detach() - 1.0).abs()
+    sampled = old_logp if sampler_logp is None else sampler_logp
     stats = BatchStats(
         ratio=token_mean(ratio.detach()),
         kl=kl.detach(),
         clip_frac=token_mean((dev > clip_eps).to(weight)),
         ratio_max_dev=torch.where(mask, dev, 0.0).max(),
-        logp_max_dev=torch.where(mask, (new_logp.detach() - old_logp).abs(), 0.0).max(),
-        logp_dev_sum=torch.where(mask, new_logp.detach() - old_logp, 0.0).sum(),
+        logp_max_dev=torch.where(mask, (new_logp.detach() - sampled).abs(), 0.0).max(),
+        logp_dev_sum=torch.where(mask, new_logp.detach() - sampled, 0.0).sum(),
     )
     return loss, stats
 

@@ -28,4 +28,5 @@ def inprocess_step(
     rollouts = generate_rollouts(policy, plan_requests(items, seed, step, n_samples), sampling, prompt_set.template)
     rewards = [score(r, rubric) for r in rollouts]
     samples, facts = build_samples(rollouts, rewards, grpo.advantage_eps)
-    return rollouts, rewards, train_step(policy, optimizer, samples, len(samples), grpo, facts, reference=reference)
+    # on-policy: the policy being trained sampled them, so the ratio's old policy is its own (TRL's one iteration)
+    return rollouts, rewards, train_step(policy, optimizer, samples, len(samples), grpo, facts, reference=reference, old_logp="trainer")

@@ -25,9 +25,9 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from dagster_rl import counters
-from dagster_rl.checks import CheckOutcome, on_policy, step_checks
+from dagster_rl.checks import CheckOutcome, on_policy, step_checks, weights_finite
 from dagster_rl.experiment import step_key
-from dagster_rl.hashing import cache_key, canonical_json
+from dagster_rl.hashing import cache_key, canonical_json, content_hash
 from dagster_rl.lm.evaluation import Evaluation, evaluate
 from dagster_rl.lm.experiment import LMExperiment as Exp
 from dagster_rl.lm.policy import ADAPTER, CHECKPOINT_FILES, checkpoint_bytes, load_policy, read_state
@@ -43,11 +43,15 @@ from dagster_rl.task import Backends, StepAsset, StepResult, Warn, WarmupResult,
 
 CODE_VERSIONS = {
     "initial": "lora-init-1",
-    "warmup": "sft-lora-2",  # 2: stops at warmup.target_accuracy
-    "rollouts": "hf-rollouts-2",  # 2: behavior log-probs recorded by the sampler
-    "rewards": "lm-rubric-1",
-    "weights": "grpo-lora-3",  # 2: packed micro-batches; 3: the trainer reports logp_max_dev (on_policy)
-    "evaluation": "greedy-eval-1",
+    "warmup": "sft-lora-3",  # 2: stops at warmup.target_accuracy; 3: keyed by the prompts' content
+    # 2: behavior log-probs recorded by the sampler; 3: keyed by the behavior weights' key and the step's prompts' content
+    "rollouts": "hf-rollouts-3",
+    "rewards": "lm-rubric-2",  # 2: keyed by the rollouts' key, which the rewards record
+    # 2: packed micro-batches; 3: the trainer reports logp_max_dev (on_policy); 4: keyed by the keys of the weights and
+    # rewards it trains from, and on-policy (the rollouts sampled by the weights it trains) the ratio's old log-probs are
+    # the trainer's own
+    "weights": "grpo-lora-4",
+    "evaluation": "greedy-eval-2",  # 2: keyed by the held-out prompts' content and template; stores each answer
 }
 Checkpoint = dict[str, bytes]  # file name -> bytes: adapter, its config, optimizer state, version
 
@@ -101,7 +105,7 @@ def adapter_finite(checkpoint: Checkpoint) -> CheckOutcome:
     tensors = load_safetensors(checkpoint[ADAPTER])
     bad = sorted(name for name, t in tensors.items() if t.is_floating_point() and not bool(t.isfinite().all()))
     message = f"all {len(tensors)} tensors finite" if not bad else f"non-finite values in {bad[:5]}"
-    return CheckOutcome(name="weights_finite", passed=not bad, message=message, value=float(len(bad)))
+    return weights_finite(len(bad), message)
 
 
 def _passed(result: StepResult, check: str) -> bool:
@@ -137,13 +141,20 @@ class LMLoop:
             raise ValueError(f"experiment {exp.name} has no warmup section")
         # the check that stops it at a target accuracy scores like the held-out evaluation
         check = {"rubric": exp.rubric, "max_new_tokens": exp.eval_max_new_tokens} if exp.warmup.target_accuracy else None
+        prompts = load_prompt_set(exp.task.source)
         key = cache_key(
-            "weights", CODE_VERSIONS["warmup"], policy=exp.policy, warmup=exp.warmup, source=exp.task.source, seed=exp.seed, check=check
+            "weights",
+            CODE_VERSIONS["warmup"],
+            policy=exp.policy,
+            warmup=exp.warmup,
+            source=exp.task.source,
+            prompts=content_hash(prompts),  # what the source's file holds now
+            seed=exp.seed,
+            check=check,
         )
 
         def compute() -> dict[str, bytes]:
             counters.bump("warmups")
-            prompts = load_prompt_set(exp.task.source)
 
             def accuracy(policy, items) -> float:
                 held = PromptSet(train=[], eval=list(items), template=prompts.template)
@@ -269,11 +280,11 @@ class LMLoop:
                 step=step, behavior_policy=behavior.lineage(), n_trials_planned=len(requests), trajectories=trajectories, skipped=failed
             )
 
-        key = self._rollouts_key(exp, step, behavior)
-        rollouts = trial_set(store, "rollouts", key, Rollouts[LMRollout], list(requests), run, make, warn)
+        complete_key = self._rollouts_key(exp, step, behavior, prompts_now, prompts.template)
+        rollouts = trial_set(store, "rollouts", complete_key, Rollouts[LMRollout], list(requests), run, make, warn)
         if rollouts.hit:
             progress.generated(step, len(requests))
-        key = rewards_key(CODE_VERSIONS["rewards"], backends.judge, rubric=exp.rubric, rollouts=rollouts.ref.content_hash)
+        key = rewards_key(CODE_VERSIONS["rewards"], backends.judge, rollouts.ref, rubric=exp.rubric)
         rewards = step_rewards(
             store, exp, key, rollouts, judged, backends.judge, warn, Rewards[LMReward], lambda n: progress.judged(step, n)
         )
@@ -281,7 +292,7 @@ class LMLoop:
         return Generated(
             rollouts.value,
             rollouts.ref,
-            self._rollouts_key(exp, step, behavior),
+            complete_key,
             rewards.value,
             rewards.ref,
             cache={"rollouts": rollouts.cache, "rewards": rewards.cache},
@@ -292,9 +303,18 @@ class LMLoop:
             judge_seconds=judging[0],
         )
 
-    def _rollouts_key(self, exp: Exp, step: int, behavior: Weights[Checkpoint]) -> str:
+    def _rollouts_key(self, exp: Exp, step: int, behavior: Weights[Checkpoint], items: list, template: str) -> str:
+        """What the step's trials depend on, the content of its prompts (`items`, as the source's file
+        holds them now) included."""
         return rollouts_key(
-            CODE_VERSIONS["rollouts"], exp, step, behavior.ref.content_hash, policy=exp.policy, sampling=exp.sampling, **exp.rollout.cache_inputs()
+            CODE_VERSIONS["rollouts"],
+            exp,
+            step,
+            behavior.ref,
+            policy=exp.policy,
+            sampling=exp.sampling,
+            prompts=content_hash({"items": items, "template": template}),
+            **exp.rollout.cache_inputs(),
         )
 
     def _train(
@@ -310,9 +330,18 @@ class LMLoop:
         """Train step `step` from `previous`; `reference`: the KL term's reference adapter (None: the base)."""
         t0 = time.monotonic()
 
+        # rollouts the weights being trained sampled (every step at lag 0, step 0 at lag 1): the ratio's old policy is
+        # the trainer's own log-probs, so the update does not depend on the sampler's float noise; stale ones: the sampler's
+        sampled_by_previous = gen.rollouts.behavior_policy.get("content_hash") == previous.ref.content_hash
+
         def train() -> dict[str, bytes]:
             files, metrics = backends.trainer.train(
-                exp, previous.payload, gen.rollouts.trajectories, gen.rewards.rewards, reference=reference.payload if reference is not None else None
+                exp,
+                previous.payload,
+                gen.rollouts.trajectories,
+                gen.rewards.rewards,
+                reference=reference.payload if reference is not None else None,
+                old_logp="trainer" if sampled_by_previous else "sampler",
             )
             stats = LMTrainStats(
                 **trained_from(exp, step, previous, gen.rewards_ref),
@@ -324,8 +353,8 @@ class LMLoop:
         key = weights_key(
             CODE_VERSIONS["weights"],
             exp,
-            previous.ref.content_hash,
-            gen.rewards_ref.content_hash,
+            previous.ref,
+            gen.rewards_ref,
             grpo=exp.grpo,
             policy=exp.policy,
             world_size=exp.world_size,
@@ -419,7 +448,7 @@ class LMLoop:
             CODE_VERSIONS["evaluation"],
             weights=weights.ref.content_hash,
             policy=exp.policy,
-            prompts=[p.id for p in prompts.eval],
+            prompts=content_hash({"eval": prompts.eval, "template": prompts.template}),  # what is asked, and the references
             rubric=exp.rubric,
             max_new_tokens=exp.eval_max_new_tokens,
         )

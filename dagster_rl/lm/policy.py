@@ -115,6 +115,11 @@ class Policy:
 
 
 def load_base(base_model: str, dtype: str = "float32") -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    if base_model.startswith(("/", "./", "../", "~")) and not Path(base_model).expanduser().is_dir():
+        raise DagsterRLError(
+            f"cannot load base model {base_model!r}: no such folder. Give a local model folder (config.json and weights), "
+            "or a hub id that is in the local Hugging Face cache when HF_HUB_OFFLINE=1."
+        )
     try:
         path = resolve_model(base_model)
         with building():
@@ -122,7 +127,7 @@ def load_base(base_model: str, dtype: str = "float32") -> tuple[torch.nn.Module,
             tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as e:
         raise DagsterRLError(
-            f"cannot load base model {base_model!r}: {e}. Give a local model folder, or a hub id that is "
+            f"cannot load base model {base_model!r}: {str(e).rstrip('.')}. Give a local model folder, or a hub id that is "
             "in the local Hugging Face cache when HF_HUB_OFFLINE=1."
         ) from None
     check_whole(model, base_model)

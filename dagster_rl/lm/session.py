@@ -6,6 +6,8 @@ session folder, then hands them one step at a time; the workers keep the policy,
 the optimizer state in memory between steps (`worker.serve`). The folder, on storage both sides
 read at the same path (on Kubernetes the shared volume of the job folders):
 
+    owner                 the host and identity (pid and start time) of the driver that made it: a later
+                          driver on that host removes the folder once its owner is gone (a killed driver)
     session.json          what the workers need before any step (`SessionSpec`)
     jobs/<seq>.json       step `seq`'s `TrainJob`, written whole (a rename) by the driver
     results/<seq>.json    rank 0's `Answer` to it, written whole after the step's outputs
@@ -24,17 +26,20 @@ workers (a whole-set restart of the pods) take it up again.
 
 import os
 import shutil
+import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dagster_rl.experiment import Strict
+from dagster_rl.lifetime import alive, identity
 from dagster_rl.lm.policy import checkpoint_hash, load_checkpoint, save_checkpoint
 from dagster_rl.lm.trainer import TrainMetrics
 from dagster_rl.workers import Workers, WorkersGone
 
 SPEC, JOBS, RESULTS, STEPS, REFERENCES, STOP, ENDED = "session.json", "jobs", "results", "steps", "references", "stop", "ended"
+OWNER = "owner"  # `<host> <pid>:<start time>` of the driver that made the folder
 
 
 class SessionSpec(Strict):
@@ -78,12 +83,41 @@ def last_answered(folder: Path) -> int:
     return max((int(p.stem) for p in (folder / RESULTS).glob("*.json")), default=0)
 
 
+PREFIX = "dagster-rl-session-"
+
+
 def create_folder(parent: Path | None, spec: SessionSpec) -> Path:
-    folder = Path(tempfile.mkdtemp(prefix="dagster-rl-session-", dir=parent))
+    """A new session folder under `parent` (default: the temp dir), owned by this process (its
+    `OWNER` file: host and `lifetime.identity()`), after removing the folders there whose owner, on
+    this host, is gone: a driver that was killed (SIGKILL) could not remove its own."""
+    where = Path(parent) if parent is not None else Path(tempfile.gettempdir())
+    remove_orphans(where)
+    folder = Path(tempfile.mkdtemp(prefix=PREFIX, dir=where))
+    write_whole(folder / OWNER, f"{socket.gethostname()} {identity()}")
     for sub in (JOBS, RESULTS, STEPS, REFERENCES):
         (folder / sub).mkdir()
     write_whole(folder / SPEC, spec.model_dump_json())
     return folder
+
+
+def remove_orphans(parent: Path) -> list[Path]:
+    """Remove the session folders in `parent` whose owner ran on this host and is gone; return them.
+    A folder without an owner file, or owned on another host (a shared volume), is left alone."""
+    removed = []
+    host = socket.gethostname()
+    for folder in parent.glob(f"{PREFIX}*"):
+        try:
+            owner_host, _, owner = (folder / OWNER).read_text().strip().partition(" ")
+        except OSError:
+            continue
+        try:
+            gone = owner_host == host and not alive(owner)
+        except ValueError:  # not an identity: not a folder this code made
+            continue
+        if gone:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 class SessionEnded(WorkersGone):

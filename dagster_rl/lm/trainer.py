@@ -15,6 +15,7 @@ all-reduce. The collective count is the same on every rank by construction.
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,9 @@ from dagster_rl.lm.rewards import LMReward
 from dagster_rl.lm.records import LMRollout
 from dagster_rl.lm.settings import GRPOLMSettings
 from dagster_rl.records import Record
+
+
+OldLogp = Literal["sampler", "trainer"]  # the ratio's old policy (see `train_step`)
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class TrainMetrics(Record):
     ratio: float  # mean over samples of the token mean
     kl: float
     clip_frac: float
-    ratio_max_dev: float  # max over the step's tokens of |ratio - 1|: float noise on-policy, the lag's drift off it
+    ratio_max_dev: float  # max over the step's tokens of |ratio - 1|: 0 on-policy (old = the trainer's own), the lag's drift off it
     logp_max_dev: float  # max over the step's tokens of |trainer's log-prob - sampler's| before the update (on_policy)
     logp_mean_dev: float  # mean over the step's tokens of (trainer's log-prob - sampler's): a bias, where there is one
     grad_norm: float  # before clipping
@@ -125,13 +129,20 @@ def train_step(
     ddp: torch.nn.parallel.DistributedDataParallel | None = None,
     on_grads: Callable[[dict[str, torch.Tensor]], None] | None = None,
     reference: Callable[[], AbstractContextManager] | None = None,
+    old_logp: OldLogp = "sampler",
 ) -> TrainMetrics:
     """Update the policy's adapter in place over this rank's `samples`; bump its version.
 
     `on_grads` sees the synchronized gradients before clipping (the debug dump). With `ddp`, every
     rank must call this once, with the same `total_samples`. `reference` switches the model to the
-    KL term's reference policy (`lm.reference`); default: the base, adapter disabled.
+    KL term's reference policy (`lm.reference`); default: the base, adapter disabled. `old_logp`:
+    the ratio's old policy: the log-probs the sampler recorded (`sampler`: the behavior policy of
+    stale rollouts), or the trainer's own, detached (`trainer`: for rollouts the policy being trained
+    sampled, so that the update does not depend on the sampler's float noise). Either way
+    `logp_max_dev` compares the trainer's log-probs with the sampler's.
     """
+    if old_logp not in ("sampler", "trainer"):
+        raise ValueError(f"old_logp is 'sampler' or 'trainer', not {old_logp!r}")
     world_size = dist.get_world_size() if ddp is not None else 1
     if total_samples < 1:
         raise DagsterRLError("a train step needs at least one sample across all ranks")
@@ -157,7 +168,8 @@ def train_step(
         with ddp.no_sync() if ddp is not None else nullcontext():
             for (batch, old, adv), ref in zip(batches, refs):
                 new = packed_logprobs(forward_model, batch)
-                loss, stats = grpo_batch_loss(new, old, ref, batch.completion_mask, adv, grpo.clip_eps, grpo.kl_beta)
+                behavior = new.detach() if old_logp == "trainer" else old
+                loss, stats = grpo_batch_loss(new, behavior, ref, batch.completion_mask, adv, grpo.clip_eps, grpo.kl_beta, sampler_logp=old)
                 (loss.sum() * scale).backward()
                 sums[:4] += torch.stack([x.sum() for x in (loss.detach(), stats.ratio, stats.kl, stats.clip_frac)]).double()
                 sums[4] += len(adv)

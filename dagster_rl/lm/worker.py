@@ -85,6 +85,11 @@ class TrainJob(Strict):
     batch: str = Field(description="a TrainBatch JSON file")
     output_dir: str
     step: int | None = Field(None, description="the step this job trains (reported with its metrics)")
+    old_logp: Literal["sampler", "trainer"] = Field(
+        "sampler",
+        description="the ratio's old policy: the sampler's recorded log-probs (stale rollouts), or the trainer's own, "
+        "detached (rollouts the trained weights sampled)",
+    )
     dump_grads: bool = Field(False, description="debug: rank 0 writes the synchronized gradients before clipping")
     pipes_asset_key: str | None = Field(None, description="under Dagster Pipes: report a materialization of this asset")
 
@@ -223,6 +228,7 @@ def train_held(job: TrainJob, held: Held, rank: int, world: int) -> tuple[TrainM
             ddp=ddp,
             on_grads=grads.update if job.dump_grads else None,
             reference=held.reference,
+            old_logp=job.old_logp,
         )
     finally:
         # Free DDP's reducer (its hooks on the parameters) while the process group lives: destroying

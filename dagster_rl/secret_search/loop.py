@@ -38,10 +38,10 @@ from dagster_rl.store import DATA, ArtifactRef, ArtifactStore
 from dagster_rl.task import Backends, JudgeBackend, StepResult, Warn, Weights
 
 CODE_VERSIONS = {
-    "initial": "tabular-uniform-1",
-    "rollouts": "secret-search-agent-1",
-    "rewards": "verifier-rubric-1",
-    "weights": "tabular-grpo-1",
+    "initial": "tabular-uniform-2",  # 2: keyed by the worlds a step uses (prompts_per_step) and their documents
+    "rollouts": "secret-search-agent-2",  # 2: keyed by the behavior weights' key, which the rollouts record
+    "rewards": "verifier-rubric-2",  # 2: keyed by the rollouts' key, which the rewards record, besides their content
+    "weights": "tabular-grpo-2",  # 2: keyed by the keys of the weights and rewards it was trained from, besides their content
 }
 log = logging.getLogger("dagster_rl")
 Worlds = dict[str, tuple[ArtifactRef, dict[str, bytes]]]
@@ -50,7 +50,7 @@ Worlds = dict[str, tuple[ArtifactRef, dict[str, bytes]]]
 def initial_weights(exp: Exp, store: ArtifactStore) -> Weights[TabularWeights]:
     """Uniform priors over the worlds a step uses: deterministic, so step 0's inputs hash the same in every run."""
     uniform_priors = TabularWeights(version=0, doc_prior={w: uniform(exp.task.n_docs) for w in used_worlds(exp)})
-    key = cache_key("weights", CODE_VERSIONS["initial"], task=exp.task)
+    key = cache_key("weights", CODE_VERSIONS["initial"], worlds=used_worlds(exp), n_docs=exp.task.n_docs)
     return Weights("initial", store.put_model("weights", key, uniform_priors), uniform_priors, 0)
 
 
@@ -115,7 +115,7 @@ def run_step(
     rewards = step_rewards(
         store,
         exp,
-        _rewards_key(exp, rollouts.ref.content_hash, backends.judge),
+        _rewards_key(exp, rollouts.ref, backends.judge),
         rollouts,
         judged,
         backends.judge,
@@ -141,7 +141,7 @@ def run_step(
         return {DATA: canonical_json(trained), STATS: canonical_json(stats)}
 
     progress.phase(step, "training")
-    key = weights_key(CODE_VERSIONS["weights"], exp, start.ref.content_hash, rewards.ref.content_hash, grpo=exp.grpo)
+    key = weights_key(CODE_VERSIONS["weights"], exp, start.ref, rewards.ref, grpo=exp.grpo)
     files, weights_ref, weights_hit = store.get_or_put_files("weights", key, train)
     stats = TabularTrainStats.model_validate_json(files[STATS])
     trained = TabularWeights.model_validate_json(files[DATA])
@@ -204,11 +204,11 @@ def _fan_out(
 
 def _rollouts_key(exp: Exp, step: int, behavior: Weights, worlds: Worlds) -> str:
     worlds_hashes = {w: ref.content_hash for w, (ref, _) in worlds.items()}
-    return rollouts_key(CODE_VERSIONS["rollouts"], exp, step, behavior.ref.content_hash, worlds=worlds_hashes)
+    return rollouts_key(CODE_VERSIONS["rollouts"], exp, step, behavior.ref, worlds=worlds_hashes)
 
 
-def _rewards_key(exp: Exp, rollouts_hash: str, judge: JudgeBackend) -> str:
-    return rewards_key(CODE_VERSIONS["rewards"], judge, rubric=exp.rubric, max_turns=exp.task.max_turns, rollouts=rollouts_hash)
+def _rewards_key(exp: Exp, rollouts: ArtifactRef, judge: JudgeBackend) -> str:
+    return rewards_key(CODE_VERSIONS["rewards"], judge, rollouts, rubric=exp.rubric, max_turns=exp.task.max_turns)
 
 
 class SecretSearchLoop:

@@ -8,7 +8,7 @@ policy), so documents read on the way to above-average rewards gain probability.
 import math
 
 from dagster_rl.advantages import group_normalized_advantages, groups_with_signal
-from dagster_rl.checks import CheckOutcome
+from dagster_rl.checks import CheckOutcome, weights_finite
 from dagster_rl.secret_search.experiment import GRPOSettings
 from dagster_rl.secret_search.records import Reward, TabularWeights
 from dagster_rl.secret_search.prior import apply_logit_step, order_log_prob_grad
@@ -43,10 +43,9 @@ def prior_finite(weights: TabularWeights) -> CheckOutcome:
     """The `weights_finite` check of a step's tabular weights: finite priors that sum to 1."""
     bad = [(w, i) for w, p in weights.doc_prior.items() for i, x in enumerate(p) if not math.isfinite(x)]
     off = [w for w, p in weights.doc_prior.items() if abs(math.fsum(p) - 1.0) > 1e-6]
-    passed = not bad and not off
     message = (
         "every prior is finite and sums to 1"
-        if passed
+        if not bad and not off
         else f"non-finite entries {bad[:5]}; priors not summing to 1: {off[:5]}"
     )
-    return CheckOutcome(name="weights_finite", passed=passed, message=message, value=float(len(bad) + len(off)))
+    return weights_finite(len(bad) + len(off), message)
