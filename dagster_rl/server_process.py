@@ -41,20 +41,26 @@ def vllm_cpu_command(
     served_model_name: str | None = None,
     threads: int | None = None,
     logprobs_mode: str = "processed_logprobs",
+    max_model_len: int | None = None,
+    kvcache_gib: int = 1,
 ) -> list[str]:
     """vLLM's CPU build (`vllm-cpu`, whose `vllm` console script does not start) serving `model` for the
     `openai_server` backend: LoRA on (the environment sets VLLM_ALLOW_RUNTIME_LORA_UPDATING), the
     log-probs the trainer scores (`processed_logprobs`), and (`generation_config="vllm"`) no sampling
     defaults from the model folder. 1 GiB of KV cache and no thread pinning suit a laptop or a shared
     machine. `generation_config=None` keeps vLLM's default (the folder's): the tests do, to show the
-    requests alone keep rollouts on-policy. `threads`: its torch threads (default: one per core)."""
+    requests alone keep rollouts on-policy. `threads`: its torch threads (default: one per core).
+    `max_model_len`: the longest prompt + completion it serves (default: the model's context; a
+    real model's 8,192 tokens reserve KV cache for sequences no rollout reaches); `kvcache_gib`: its
+    KV cache (VLLM_CPU_KVCACHE_SPACE)."""
     return [
-        "env", "VLLM_CPU_KVCACHE_SPACE=1", "VLLM_CPU_OMP_THREADS_BIND=nobind", *([f"OMP_NUM_THREADS={threads}"] if threads else []),
+        "env", f"VLLM_CPU_KVCACHE_SPACE={kvcache_gib}", "VLLM_CPU_OMP_THREADS_BIND=nobind", *([f"OMP_NUM_THREADS={threads}"] if threads else []),
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", host, "--port", str(port),
         f"--dtype={dtype}", "--enable-lora", f"--max-lora-rank={max_lora_rank}", f"--max-loras={max_loras}",
         f"--logprobs-mode={logprobs_mode}",
         *([f"--generation-config={generation_config}"] if generation_config else []),
         *([f"--served-model-name={served_model_name}"] if served_model_name else []),
+        *([f"--max-model-len={max_model_len}"] if max_model_len else []),
     ]  # fmt: skip
 
 

@@ -75,6 +75,7 @@ class Generated:
     judge_calls: int
     seconds: float
     recovered: list[str]  # trials an earlier attempt of the step failed, succeeded now
+    judge_seconds: float = 0.0  # of `seconds`, the time spent judging the trials as they landed
 
 
 @contextmanager
@@ -260,6 +261,7 @@ class LMLoop:
         progress = backends.progress
         progress.begin(step, len(requests))
         judged = Judged()  # rewards judged right after generating
+        judging = [0.0]
 
         def run(pending: list[str]) -> list[LMRollout | TrialFailed]:
             progress.generated(step, len(requests) - len(pending))
@@ -267,8 +269,10 @@ class LMLoop:
             progress.generated(step, len(outcomes))
             progress.phase(step, "judging")
             landed = {o.trial_id: o for o in outcomes if isinstance(o, LMRollout)}
+            t = time.monotonic()
             for outcome in judge_all(exp, list(landed.values()), backends.judge, lambda n: progress.judged(step, n)):
                 judged.add(landed[outcome.trial_id], outcome)
+            judging[0] += time.monotonic() - t
             return outcomes
 
         def make(trajectories: list[LMRollout], failed: list[str]) -> Rollouts[LMRollout]:
@@ -296,6 +300,7 @@ class LMLoop:
             judge_calls=len(rewards.attempted),
             seconds=time.monotonic() - t0,
             recovered=recovered(rollouts, rewards),
+            judge_seconds=judging[0],
         )
 
     def _rollouts_key(self, exp: Exp, step: int, behavior: Weights[Checkpoint], items: list, template: str) -> str:
@@ -397,7 +402,7 @@ class LMLoop:
                 "policy_lag": float(previous.version - behavior_version),
                 "mean_completion_tokens": mean([float(tokens[r.trial_id]) for r in rewards]),
             },
-            timings={"generate_s": gen.seconds, "train_s": time.monotonic() - t0},
+            timings={"generate_s": gen.seconds, "judge_s": gen.judge_seconds, "train_s": time.monotonic() - t0},  # judge_s: of generate_s
             checks=[*step_checks(exp, adapter_finite(weights.payload), rewards, gen.rollouts.n_trials_planned), sampled_as_trained],
         )
         backends.progress.end(step)

@@ -13,7 +13,6 @@ The initial policy (version 0, no checkpoint) equals the base: LoRA B starts at 
 """
 
 import json
-import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +29,8 @@ from transformers.utils import logging as hf_logging
 
 from dagster_rl.errors import DagsterRLError
 from dagster_rl.hashing import canonical_json, content_hash, sha256_hex
+from dagster_rl.lm.cpu_bf16 import check_bf16_cpu
+from dagster_rl.lm.model_build import building, check_whole
 from dagster_rl.lm.settings import GRPOLMSettings, LoRASettings, PolicySettings
 from dagster_rl.lm.tiny import resolve_model
 
@@ -113,12 +114,6 @@ class Policy:
             self.model.base_model.enable_adapter_layers()
 
 
-# transformers' from_pretrained(dtype=...) sets torch's process-wide default dtype while it builds the
-# model and restores the one it found: two loads at once in two threads (generation and evaluation)
-# can restore each other's, leaving bfloat16 the default for every later float32 model of the process
-_LOADING = threading.Lock()
-
-
 def load_base(base_model: str, dtype: str = "float32") -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     if base_model.startswith(("/", "./", "../", "~")) and not Path(base_model).expanduser().is_dir():
         raise DagsterRLError(
@@ -127,14 +122,15 @@ def load_base(base_model: str, dtype: str = "float32") -> tuple[torch.nn.Module,
         )
     try:
         path = resolve_model(base_model)
-        with _LOADING:
+        with building():
             model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-        tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as e:
         raise DagsterRLError(
             f"cannot load base model {base_model!r}: {str(e).rstrip('.')}. Give a local model folder, or a hub id that is "
             "in the local Hugging Face cache when HF_HUB_OFFLINE=1."
         ) from None
+    check_whole(model, base_model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
@@ -162,7 +158,7 @@ def attach_lora(model: torch.nn.Module, lora: LoRASettings) -> PeftModel:
             f"than the layers it adapts (see dagster_rl.bounds). Use a rank of at most {hidden}."
         )
     config = lora_config(lora)
-    with torch.random.fork_rng(devices=[]):
+    with building(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(lora.init_seed)
         try:
             with warnings.catch_warnings():  # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing`
@@ -190,9 +186,12 @@ def resolve_device(setting: str, index: int | None = None) -> torch.device:
 def load_policy(settings: PolicySettings, checkpoint: dict[str, bytes] | None = None, device: torch.device | None = None) -> Policy:
     """The base with the checkpoint's adapter, or with a fresh one (version 0) when there is none, on
     `device` (default: the settings' device)."""
+    device = device or resolve_device(settings.device)
+    if settings.dtype == "bfloat16" and device.type == "cpu":
+        check_bf16_cpu("policy.dtype")
     base, tokenizer = load_base(settings.base_model, settings.dtype)
     model = attach_lora(base, settings.lora)  # on the CPU: LoRA A is drawn from the CPU generator everywhere
-    model.to(device or resolve_device(settings.device))
+    model.to(device)
     policy = Policy(model=model, tokenizer=tokenizer, version=0, settings=settings)
     if checkpoint is not None:
         load_adapter(policy, checkpoint)

@@ -61,6 +61,7 @@ from peft import PeftModel
 from peft.tuners.tuners_utils import BaseTunerLayer
 
 from dagster_rl import bounds
+from dagster_rl.lm.model_build import building
 from dagster_rl.lm.policy import ADAPTER, ADAPTER_CONFIG, load_base
 from dagster_rl.lm.sampling import generate
 from dagster_rl.lm.settings import SamplingSettings
@@ -301,7 +302,7 @@ class Engine:
         if not name or not path:
             raise APIError(HTTPStatus.BAD_REQUEST, "Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput")
         folder = self.check_adapter_folder(name, path)
-        with self.lock:
+        with self.lock, building():  # PEFT builds the adapter's layers
             if name in self.adapters and not inplace:
                 raise APIError(
                     HTTPStatus.BAD_REQUEST,

@@ -23,7 +23,6 @@ with two eos ids), which a server must not apply to rollouts the trainer scores.
 """
 
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -34,6 +33,10 @@ import torch
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
+
+from dagster_rl.lm.model_build import building
+from dagster_rl.lm.model_cache import model_cache_dir
+from dagster_rl.lm.packaged import PACKAGED, provision
 
 PAD, EOS = "<pad>", "<eos>"
 DIGITS = tuple(str(d) for d in range(10))
@@ -130,7 +133,7 @@ def tiny_model(seed: int = 0, builtin: str = "tiny-qwen2") -> PreTrainedModel:
     spec = BUILTINS[builtin]
     tok = spec.tokenizer()
     config = tiny_config(len(tok), tok.pad_token_id, tok.eos_token_id, hidden=spec.hidden, layers=spec.layers)
-    with torch.random.fork_rng(devices=[]):
+    with building(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model.eval()
@@ -153,10 +156,6 @@ def save_tiny_model(directory: Path | str, seed: int = 0, builtin: str = "tiny-q
 BUILTIN_PREFIX = "builtin:"
 
 
-def model_cache_dir() -> Path:
-    return Path(os.environ.get("DAGSTER_RL_MODEL_CACHE", Path.home() / ".cache" / "dagster_rl" / "models"))
-
-
 def resolve_model(name: str) -> str:
     """`builtin:tiny-qwen2` -> a model folder built in code once per machine; anything else as given.
 
@@ -166,8 +165,10 @@ def resolve_model(name: str) -> str:
     if not name.startswith(BUILTIN_PREFIX):
         return name
     builtin = name[len(BUILTIN_PREFIX) :]
+    if builtin in PACKAGED:  # a pretrained model that ships in a package, converted once
+        return str(provision(builtin, model_cache_dir()))
     if builtin not in BUILTINS:
-        raise ValueError(f"no built-in model {builtin!r}; built-in models: {', '.join(BUILTINS)}")
+        raise ValueError(f"no built-in model {builtin!r}; built-in models: {', '.join([*BUILTINS, *PACKAGED])}")
     folder = model_cache_dir() / builtin
     if not (folder / "config.json").exists():
         tmp = Path(tempfile.mkdtemp(prefix=f".{builtin}-", dir=folder.parent if folder.parent.exists() else None))

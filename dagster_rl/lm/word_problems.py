@@ -132,18 +132,24 @@ def data_cache_dir() -> Path:
 
 
 def resolve_dataset(path: str) -> str:
-    """`builtin:word-problems` -> a JSONL file written once per machine; any other path as given."""
+    """`builtin:word-problems` (or an arithmetic set, `lm.arithmetic`) -> a JSONL file written once per
+    machine; any other path as given."""
     if not path.startswith(BUILTIN_PREFIX):
         return path
+    from dagster_rl.lm.arithmetic import ARITHMETIC_SETS, write_jsonl as write_arithmetic
+
     name = path[len(BUILTIN_PREFIX) :]
-    if name not in BUILTIN_DATASETS:
-        raise ValueError(f"no built-in data set {name!r}; built-in data sets: {', '.join(BUILTIN_DATASETS)}")
+    if name not in BUILTIN_DATASETS and name not in ARITHMETIC_SETS:
+        raise ValueError(f"no built-in data set {name!r}; built-in data sets: {', '.join([*BUILTIN_DATASETS, *ARITHMETIC_SETS])}")
     target = data_cache_dir() / f"{name}.jsonl"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{name}-", dir=target.parent)
         os.close(fd)
-        write_jsonl(tmp, *BUILTIN_DATASETS[name])
+        if name in ARITHMETIC_SETS:
+            write_arithmetic(tmp, ARITHMETIC_SETS[name])
+        else:
+            write_jsonl(tmp, *BUILTIN_DATASETS[name])
         os.replace(tmp, target)  # atomic: readers see the whole file or none
     return str(target)
 
