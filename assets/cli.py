@@ -435,11 +435,15 @@ def cmd_lineage(args: argparse.Namespace) -> None:
         except DagsterRLError as e:
             sys.exit(f"dagster-rl: {e}")
         flags = {s.step: _lineage_flags(instance, exp, store, s) for s in chain}
+        named, _ = artifact_problem(store, md, "weights", step, exp)  # e.g. step 1's artifact under step 3's name
+    top = [f"weights {step}: {named}"] if named is not None and not any(flags.values()) else []
     bad = sorted(k for k, f in flags.items() if f)
     if args.json:
-        print(json.dumps([dict(s.model_dump(), seeds_hash=s.seeds_hash, problems=flags[s.step]) for s in chain], indent=2))
+        print(json.dumps([dict(s.model_dump(), seeds_hash=s.seeds_hash, problems=flags[s.step] + (top if i == 0 else [])) for i, s in enumerate(chain)], indent=2))
     else:
         print(f"lineage of {exp.name}/weights {step} (artifacts in {store.url}, experiment seed {exp.seed})")
+        for problem in top:
+            print(f"  MISMATCH {problem}")
         for s in chain:
             b = s.behavior_policy
             print(f"step {step_key(s.step)}  weights v{s.weights_version} {s.weights_hash[:16]} (key {s.weights_key[:16]})")
@@ -449,10 +453,10 @@ def cmd_lineage(args: argparse.Namespace) -> None:
             print(f"  <- behavior policy: weights {b['partition']} v{b['version']} {str(b['content_hash'])[:16]}")
             for problem in flags[s.step]:
                 print(f"  MISMATCH {problem}")
-    if bad:
+    if bad or top:
         print(
-            f"{sum(len(flags[k]) for k in bad)} mismatch(es) with what Dagster recorded: `dagster-rl verify {exp.name}` lists "
-            f"every bad artifact; re-run from step {step_key(bad[0])}.",
+            f"{sum(len(flags[k]) for k in bad) + len(top)} mismatch(es) with what Dagster recorded: `dagster-rl verify {exp.name}` lists "
+            f"every bad artifact; re-run from step {step_key(bad[0]) if bad else step}.",
             file=sys.stderr,
         )
         sys.exit(1)

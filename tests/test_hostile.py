@@ -251,6 +251,9 @@ def test_another_steps_weights_reported_as_the_predecessor_are_refused(four_step
         "step 0001 of experiment demo made: not the step's own" in out
     ), out
     assert "then re-run from step 0003" in out
+    code, out = cli(lab, monkeypatch, capsys, "lineage", "demo", "3")  # it printed step 0001's chain under 0003's name, unflagged
+    assert code == 1 and f"  MISMATCH weights 0003: the materialization of demo/weights 0003 names artifact weights/{one['artifact_key']}" in out, out
+    assert "1 mismatch(es) with what Dagster recorded" in out and "re-run from step 0003." in out, out
     result = lab.run("demo", "0004", "0004", raise_on_error=False)
     message = failure_message(result)
     assert (
