@@ -438,21 +438,25 @@ def cmd_lineage(args: argparse.Namespace) -> None:
         named, _ = artifact_problem(store, md, "weights", step, exp)  # e.g. step 1's artifact under step 3's name
     top = [f"weights {step}: {named}"] if named is not None and not any(flags.values()) else []
     bad = sorted(k for k, f in flags.items() if f)
-    if args.json:
-        print(json.dumps([dict(s.model_dump(), seeds_hash=s.seeds_hash, problems=flags[s.step] + (top if i == 0 else [])) for i, s in enumerate(chain)], indent=2))
-    else:
-        print(f"lineage of {exp.name}/weights {step} (artifacts in {store.url}, experiment seed {exp.seed})")
-        for problem in top:
-            print(f"  MISMATCH {problem}")
-        for s in chain:
-            b = s.behavior_policy
-            print(f"step {step_key(s.step)}  weights v{s.weights_version} {s.weights_hash[:16]} (key {s.weights_key[:16]})")
-            print(f"  <- rewards  {s.rewards_hash[:16]}  rubric {s.rubric.get('name')} {_rubric_weights(s.rubric)}")
-            print(f"  <- rollouts {s.rollouts_hash[:16]}  {s.n_trajectories} trajectories, {len(s.skipped)} skipped, "
-                  f"seeds {s.seeds_hash[:16]} ({_seed_span(s.seeds)})")
-            print(f"  <- behavior policy: weights {b['partition']} v{b['version']} {str(b['content_hash'])[:16]}")
-            for problem in flags[s.step]:
+    try:  # a reader that closes the pipe early (`| head`) still leaves the summary and the exit status
+        if args.json:
+            print(json.dumps([dict(s.model_dump(), seeds_hash=s.seeds_hash, problems=flags[s.step] + (top if i == 0 else [])) for i, s in enumerate(chain)], indent=2))
+        else:
+            print(f"lineage of {exp.name}/weights {step} (artifacts in {store.url}, experiment seed {exp.seed})")
+            for problem in top:
                 print(f"  MISMATCH {problem}")
+            for s in chain:
+                b = s.behavior_policy
+                print(f"step {step_key(s.step)}  weights v{s.weights_version} {s.weights_hash[:16]} (key {s.weights_key[:16]})")
+                print(f"  <- rewards  {s.rewards_hash[:16]}  rubric {s.rubric.get('name')} {_rubric_weights(s.rubric)}")
+                print(f"  <- rollouts {s.rollouts_hash[:16]}  {s.n_trajectories} trajectories, {len(s.skipped)} skipped, "
+                      f"seeds {s.seeds_hash[:16]} ({_seed_span(s.seeds)})")
+                print(f"  <- behavior policy: weights {b['partition']} v{b['version']} {str(b['content_hash'])[:16]}")
+                for problem in flags[s.step]:
+                    print(f"  MISMATCH {problem}")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_closed_stdout()
     if bad or top:
         print(
             f"{sum(len(flags[k]) for k in bad) + len(top)} mismatch(es) with what Dagster recorded: `dagster-rl verify {exp.name}` lists "

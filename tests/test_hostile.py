@@ -254,6 +254,8 @@ def test_another_steps_weights_reported_as_the_predecessor_are_refused(four_step
     code, out = cli(lab, monkeypatch, capsys, "lineage", "demo", "3")  # it printed step 0001's chain under 0003's name, unflagged
     assert code == 1 and f"  MISMATCH weights 0003: the materialization of demo/weights 0003 names artifact weights/{one['artifact_key']}" in out, out
     assert "1 mismatch(es) with what Dagster recorded" in out and "re-run from step 0003." in out, out
+    done = lineage_into_a_closed_pipe(lab, "demo", "3")  # `lineage demo 3 | head -1`: it exited 0 without its summary
+    assert done.returncode == 1 and "1 mismatch(es) with what Dagster recorded" in done.stderr and "Traceback" not in done.stderr, done.stderr
     result = lab.run("demo", "0004", "0004", raise_on_error=False)
     message = failure_message(result)
     assert (
@@ -285,16 +287,22 @@ def test_a_materialization_without_metadata_is_not_dagster_rls_and_says_the_step
     assert lab.run("demo", "0004", "0005").success  # the fix it names
 
 
-def test_lineage_into_a_closed_pipe_ends_quietly(four_steps):
-    """Issue 24: `dagster-rl lineage demo 3 | head -1` ended in a BrokenPipeError traceback."""
+def lineage_into_a_closed_pipe(lab, *argv: str) -> subprocess.CompletedProcess:
+    """`dagster-rl lineage <argv>` with its stdout a pipe whose reader is gone before anything is written."""
     read_end, write_end = os.pipe()
-    os.close(read_end)  # the reader is gone before anything is written: every write fails
-    env = {**os.environ, "DAGSTER_HOME": str(four_steps.home), "DAGSTER_RL_EXPERIMENTS": str(four_steps.home / "experiments")}
+    os.close(read_end)  # every write fails
+    env = {**os.environ, "DAGSTER_HOME": str(lab.home), "DAGSTER_RL_EXPERIMENTS": str(lab.home / "experiments")}
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "dagster-rl"), "lineage", "demo", "3", "--json"], stdout=write_end, stderr=subprocess.PIPE,
+        [str(Path(sys.executable).parent / "dagster-rl"), "lineage", *argv], stdout=write_end, stderr=subprocess.PIPE,
         env=env, text=True, timeout=120,
     )  # fmt: skip
     os.close(write_end)
+    return done
+
+
+def test_lineage_into_a_closed_pipe_ends_quietly(four_steps):
+    """Issue 24: `dagster-rl lineage demo 3 | head -1` ended in a BrokenPipeError traceback."""
+    done = lineage_into_a_closed_pipe(four_steps, "demo", "3", "--json")
     assert done.returncode == 0 and done.stderr == "", done.stderr
 
 
