@@ -62,6 +62,38 @@ def interrupted(error) -> bool:
     return False
 
 
+class _Stderr(logging.StreamHandler):
+    """A handler that writes to `sys.stderr` as it is when a record comes (as logging's last resort does)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+class _NotAnInterruption(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return type(error).__name__ not in INTERRUPTED
+
+
+def quiet_interrupted_connection_closes() -> None:
+    """SQLAlchemy logs an error, with its traceback, when an exception interrupts its closing of a
+    connection: Dagster raises its interruption (Ctrl-C, SIGTERM) wherever the process is, and the
+    SQLite instance's pool may be closing one then. The run's one line says it was interrupted; any
+    other error of the pool still reaches the terminal, as before."""
+    pool = logging.getLogger("sqlalchemy.pool")
+    if not any(isinstance(f, _NotAnInterruption) for h in pool.handlers for f in h.filters):
+        handler = _Stderr()
+        handler.setLevel(logging.WARNING)
+        handler.addFilter(_NotAnInterruption())
+        pool.addHandler(handler)
+        pool.propagate = False
+
+
 def _interrupted_event(event) -> bool:
     data = getattr(event, "event_specific_data", None)
     return event.event_type in (DagsterEventType.STEP_FAILURE, DagsterEventType.RUN_FAILURE) and interrupted(getattr(data, "error", None))

@@ -6,7 +6,7 @@ import warnings
 
 from dagster import AssetSelection, Definitions, EnvVar, define_asset_job
 
-from assets.console import concise_console, refuse_to_load
+from assets.console import concise_console, quiet_interrupted_connection_closes, refuse_to_load
 from assets.deployment import artifact_url, executor, rollout_environment, trainer_environment
 from assets.driver import build_driver, build_warmup
 from assets.experiments import missing_folder, problems, read
@@ -94,4 +94,5 @@ def _code_location() -> Definitions:
         refuse_to_load(e)
 
 
+quiet_interrupted_connection_closes()  # in every process that loads the location: the run's and each step's
 defs = _code_location()
