@@ -195,7 +195,12 @@ def main() -> None:
                         print(f"  {failed[-1]}", flush=True)
                     vllm_start = time.monotonic() - t0
                 for name, engine in engines.items():
-                    out, wall, tokens = timed(lambda e=engine: e.generate(exp, requests, behavior, prompts.template), args.repeats)
+                    try:
+                        out, wall, tokens = timed(lambda e=engine: e.generate(exp, requests, behavior, prompts.template), args.repeats)
+                    except Exception:  # a server that died: its own log says why
+                        for s in servers:
+                            print(f"--- {' '.join(s.command[:4])} ... its log:\n{s.log_tail(10**6)}", file=sys.stderr)
+                        raise
                     max_dev, mean_dev, mean_abs = deviation(exp, behavior, out)
                     start = {"dagster-rl serve": serve_start}.get(name, vllm_start if name.startswith("vLLM") else 0.0)
                     rows.append((dtype, name, n, tokens, wall, tokens / wall, max_dev, mean_dev, mean_abs, start))

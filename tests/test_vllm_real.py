@@ -183,6 +183,21 @@ def test_a_completion_stops_where_the_sampler_stops_not_at_the_generation_config
     assert went_on >= 1 and stopped_at_0 >= 1
 
 
+def test_seeded_prompts_beyond_the_batched_token_budget_are_served(vllm):
+    """vLLM 0.32's CPU build split the prompt of a seeded request once the prompts in flight held
+    more than its 2,048 batched tokens (chunked prefill), and its engine died: `CPU Generator does
+    not use offset`, then HTTP 500 for every request (found by bench/vllm_rollouts.py: 64 SmolLM2
+    rollouts). The managed start turns chunked prefill off."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = VLLMClient(vllm.base_url, timeout_s=300)
+    sampling = ServerSampling(1.0, 1.0, 4, (1,))
+    prompts = [[3 + (i + j) % 50 for j in range(200)] for i in range(24)]  # 4,800 prompt tokens at once
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        done = list(pool.map(lambda ip: client.complete(vllm.model, ip[1], sampling, seed=ip[0], vocab=None), enumerate(prompts)))
+    assert all(1 <= len(c.token_ids) <= 4 for c in done) and client.healthy()
+
+
 @pytest.fixture(scope="module")
 def clean(vllm, tmp_path_factory):
     """An uninterrupted range of 4 steps on the shared server, and the server's log of it."""
