@@ -435,7 +435,8 @@ def cmd_lineage(args: argparse.Namespace) -> None:
         except DagsterRLError as e:
             sys.exit(f"dagster-rl: {e}")
         flags = {s.step: _lineage_flags(instance, exp, store, s) for s in chain}
-        named, _ = artifact_problem(store, md, "weights", step, exp)  # e.g. step 1's artifact under step 3's name
+        moved = bool(chain) and step_key(chain[0].step) != step  # e.g. step 1's artifact under step 3's name
+        named = artifact_problem(store, md, "weights", step, exp)[0] if moved else None  # else `flags` checked it
     top = [f"weights {step}: {named}"] if named is not None and not any(flags.values()) else []
     bad = sorted(k for k, f in flags.items() if f)
     try:  # a reader that closes the pipe early (`| head`) still leaves the summary and the exit status
