@@ -94,7 +94,10 @@ def quiet_interrupted_connection_closes() -> None:
         pool.propagate = False
 
 
-def _interrupted_event(event) -> bool:
+def _interrupted_event(event, run_id: str | None) -> bool:
+    """A step or run that failed with the interruption, or the end of a run an interrupt canceled here."""
+    if event.event_type == DagsterEventType.RUN_CANCELED:
+        return interrupted_here(run_id)
     data = getattr(event, "event_specific_data", None)
     return event.event_type in (DagsterEventType.STEP_FAILURE, DagsterEventType.RUN_FAILURE) and interrupted(getattr(data, "error", None))
 
@@ -136,12 +139,13 @@ class _ConsoleLines(logging.Filter):
         self.interrupting = False
 
     def filter(self, record: logging.LogRecord) -> bool:
-        event = (getattr(record, "dagster_meta", None) or {}).get("dagster_event")
+        meta = getattr(record, "dagster_meta", None) or {}
+        event = meta.get("dagster_event")
         if self.level > logging.DEBUG:
-            if event is not None and _interrupted_event(event):
-                return event.event_type == DagsterEventType.RUN_FAILURE  # one line says it: the run's
+            if event is not None and _interrupted_event(event, meta.get("run_id")):
+                return event.event_type in (DagsterEventType.RUN_FAILURE, DagsterEventType.RUN_CANCELED)  # one line says it: the run's end
             if event is not None and event.event_type == DagsterEventType.RUN_CANCELED:
-                return True  # the run's end, after its interruption
+                return True  # the run's end (canceled from the UI)
             if event is not None and str(event.message or "").startswith(_INTERRUPTING):
                 self.interrupting = True
             if self.interrupting:
@@ -158,7 +162,7 @@ class _Short(logging.Formatter):
         meta = getattr(record, "dagster_meta", None) or {}
         event = meta.get("dagster_event")
         message = (event_line(event, meta.get("run_id"), dict(meta.get("job_tags") or {})) if event is not None else None) or meta.get("orig_message") or record.getMessage()
-        quiet = event is not None and (_interrupted_event(event) or (event.event_type == DagsterEventType.RUN_CANCELED and interrupted_here(meta.get("run_id"))))
+        quiet = event is not None and _interrupted_event(event, meta.get("run_id"))
         level = "" if record.levelno < logging.WARNING or quiet else f"{record.levelname} "
         where = f"{meta['step_key']}: " if level and meta.get("step_key") else ""
         return f"{self.formatTime(record, '%H:%M:%S')} {level}{where}{message}"
