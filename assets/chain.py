@@ -4,8 +4,8 @@ then the task's own (a language model's held-out `evaluation`).
 No Dagster import: `dagster-rl` reads these names without loading Dagster's definitions.
 """
 
-from dagster_rl.experiment import Experiment
-from dagster_rl.task import task_of
+from dagster_rl.core.experiment import Experiment
+from dagster_rl.core.task import task_of
 
 CHAIN = ("rollouts", "rewards", "weights")
 CHAIN_DESCRIPTIONS = {

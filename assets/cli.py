@@ -27,9 +27,9 @@ from typing import Any
 from assets.chain import CHAIN, step_assets
 from assets.experiments import experiments_dir, missing_folder, problems, read
 from assets.run_tags import RESUME, range_tags, run_range
-from dagster_rl.errors import CorruptArtifactError, DagsterRLError, StoreLinkError
-from dagster_rl.experiment import Experiment, step_key
-from dagster_rl.task import BUILTIN_TASKS, task_of
+from dagster_rl.core.errors import CorruptArtifactError, DagsterRLError, StoreLinkError
+from dagster_rl.core.experiment import Experiment, step_key
+from dagster_rl.core.task import BUILTIN_TASKS, task_of
 
 REPO = Path(__file__).resolve().parent.parent  # the child of `_in_own_group` imports `assets` from here
 BASE_COLUMNS = ("step", "state", "cache", "trials", "mean_reward", "success")
@@ -160,7 +160,7 @@ def _experiment(name: str) -> Experiment:
 
 def _store(args: argparse.Namespace, repair: bool = False):
     """The artifact store, read-only unless `repair` (verify --repair): nothing is moved aside."""
-    from dagster_rl.store import ArtifactStore
+    from dagster_rl.store.artifact_store import ArtifactStore
     from resources.artifact_store import default_artifact_url
 
     return ArtifactStore(args.artifacts or default_artifact_url(), quarantine=repair)
@@ -418,8 +418,8 @@ def cmd_lineage(args: argparse.Namespace) -> None:
     """The chain of a step's weights back to step 0, read from the store; each step's artifacts are
     checked against the experiment's materializations of that step as `verify` checks them, and a
     mismatch is flagged under the step (exit 1)."""
-    from dagster_rl.lineage import trace
-    from dagster_rl.store import check_key
+    from dagster_rl.core.lineage import trace
+    from dagster_rl.store.artifact_store import check_key
 
     exp = _experiment(args.experiment)
     step = parse_step(exp, args.step)
@@ -582,8 +582,8 @@ def artifact_problem(store, md: dict, asset: str, step: str, exp: Experiment) ->
 def _made_by(store, kind: str, key: str, asset: str, step: str, exp: Experiment) -> str | None:
     """What the artifact's own record says made it, when that is not step `step` of the experiment's
     cache family (None: it is, or it records nothing to compare: the warm-up, a task's extra asset)."""
-    from dagster_rl.records import STATS
-    from dagster_rl.store import DATA
+    from dagster_rl.core.records import STATS
+    from dagster_rl.store.artifact_store import DATA
 
     if not step or asset not in CHAIN:
         return None

@@ -1,7 +1,7 @@
 """The driver: one multi-asset per experiment that walks its partition range in step order.
 
 For each step it calls the rollout, judge and trainer environments through the task's loop
-(`dagster_rl.task`), then yields a materialization of `<exp>/rollouts`, `<exp>/rewards` and
+(`dagster_rl.core.task`), then yields a materialization of `<exp>/rollouts`, `<exp>/rewards` and
 `<exp>/weights` for that partition (and of the task's extra step assets, such as a language
 model's `<exp>/evaluation`, once they are done), so the UI fills in step by step. A backfill of a range is one
 run (`BackfillPolicy.single_run()`). A subset selection materializes only the selected assets; every
@@ -49,12 +49,12 @@ from assets.concurrency import experiment_pool
 from assets.console import CONSOLE
 from assets.predecessor import NONE, expect_recorded, starting_weights
 from assets.run_tags import no_range
-from dagster_rl.checks import CHECK_NAMES
-from dagster_rl.errors import CheckFailedError, DagsterRLError, SimulatedCrash
-from dagster_rl.experiment import Experiment, step_key
-from dagster_rl.lifetime import die_with_parent
-from dagster_rl.progress import Progress
-from dagster_rl.task import Backends, StepAsset, StepResult, WarmupResult, task_of
+from dagster_rl.core.checks import CHECK_NAMES
+from dagster_rl.core.errors import CheckFailedError, DagsterRLError, SimulatedCrash
+from dagster_rl.core.experiment import Experiment, step_key
+from dagster_rl.runtime.lifetime import die_with_parent
+from dagster_rl.core.progress import Progress
+from dagster_rl.core.task import Backends, StepAsset, StepResult, WarmupResult, task_of
 from resources import ArtifactStoreResource, JudgeEnvironment, RolloutEnvironment, TrainerEnvironment
 
 def step_partitions(exp: Experiment) -> StaticPartitionsDefinition:

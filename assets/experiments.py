@@ -9,7 +9,7 @@ file's error, which the Dagster UI shows as a code location problem; `dagster-rl
 import os
 from pathlib import Path
 
-from dagster_rl.experiment_files import ExperimentFiles, read_experiments
+from dagster_rl.core.experiment_files import ExperimentFiles, read_experiments
 
 DEFAULT_EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 

@@ -19,11 +19,11 @@ from collections.abc import Iterable
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
-from dagster_rl.errors import CorruptArtifactError, DagsterRLError, MissingPredecessorError
-from dagster_rl.experiment import Experiment, step_key
-from dagster_rl.records import STATS
-from dagster_rl.store import ArtifactStore, check_key
-from dagster_rl.task import TaskLoop, Weights
+from dagster_rl.core.errors import CorruptArtifactError, DagsterRLError, MissingPredecessorError
+from dagster_rl.core.experiment import Experiment, step_key
+from dagster_rl.core.records import STATS
+from dagster_rl.store.artifact_store import ArtifactStore, check_key
+from dagster_rl.core.task import TaskLoop, Weights
 
 PAGE = 1000  # materialization records read at a time
 NONE = "none"  # what a metadata value that names nothing says (`checks_failed`, `fork_of`): never a blank row

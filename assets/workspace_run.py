@@ -32,7 +32,7 @@ from dagster._core.execution.api import execute_run
 from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin
 from dagster._core.workspace.load_target import WorkspaceFileTarget
 
-from dagster_rl.errors import DagsterRLError
+from dagster_rl.core.errors import DagsterRLError
 
 REPO = Path(__file__).resolve().parent.parent
 WORKSPACE = REPO / "workspace.yaml"

@@ -21,14 +21,14 @@ os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp(prefix="dagster-rl-bench-
 from dagster import DagsterInstance  # noqa: E402
 
 from assets.definitions import build_definitions  # noqa: E402
-from dagster_rl.experiment import step_key  # noqa: E402
-from dagster_rl.experiment_files import load_experiments  # noqa: E402
-from dagster_rl.rubric_judge import RubricJudge  # noqa: E402
-from dagster_rl.secret_search.backends import SandboxRollouts, TabularTrainer  # noqa: E402
-from dagster_rl.secret_search.judge import score  # noqa: E402
-from dagster_rl.secret_search.loop import initial_weights, run_step  # noqa: E402
-from dagster_rl.task import Backends  # noqa: E402
-from dagster_rl.store import ArtifactStore  # noqa: E402
+from dagster_rl.core.experiment import step_key  # noqa: E402
+from dagster_rl.core.experiment_files import load_experiments  # noqa: E402
+from dagster_rl.judges.rubric_judge import RubricJudge  # noqa: E402
+from dagster_rl.tasks.secret_search.backends import SandboxRollouts, TabularTrainer  # noqa: E402
+from dagster_rl.tasks.secret_search.judge import score  # noqa: E402
+from dagster_rl.tasks.secret_search.loop import initial_weights, run_step  # noqa: E402
+from dagster_rl.core.task import Backends  # noqa: E402
+from dagster_rl.store.artifact_store import ArtifactStore  # noqa: E402
 from resources import ArtifactStoreResource, RolloutEnvironment  # noqa: E402
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"

@@ -74,8 +74,8 @@ from pathlib import Path
 
 import lm_common  # sets the offline environment and sys.path first
 
-from dagster_rl.lm.settings import ATTENTION_AND_MLP  # noqa: E402
-from dagster_rl.lm.tiny import resolve_model  # noqa: E402
+from dagster_rl.tasks.lm.settings import ATTENTION_AND_MLP  # noqa: E402
+from dagster_rl.tasks.lm.model.tiny import resolve_model  # noqa: E402
 
 PHASES = ("decode", "nograd_logp", "reward")
 RUBRIC = {"name": "accuracy", "accuracy": 1.0, "format": 0.5}
@@ -92,7 +92,7 @@ def lora_of(args):
 
 def prompt_set_of(args):
     """The tiny model's synthetic prompts, or a GSM8K-format set for a real model."""
-    from dagster_rl.lm.prompts import GSM8KPrompts, SyntheticPrompts, load_prompt_set
+    from dagster_rl.tasks.lm.data.prompts import GSM8KPrompts, SyntheticPrompts, load_prompt_set
 
     return load_prompt_set(GSM8KPrompts(path=args.prompts_path) if args.model else SyntheticPrompts(ops=OPS))
 
@@ -163,8 +163,8 @@ def reset_hwm() -> int:
 
 
 def settings(args):
-    from dagster_rl.lm.rewards import LMRubric
-    from dagster_rl.lm.settings import GRPOLMSettings, SamplingSettings
+    from dagster_rl.tasks.lm.rewards import LMRubric
+    from dagster_rl.tasks.lm.settings import GRPOLMSettings, SamplingSettings
 
     sampling = SamplingSettings(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
     grpo = GRPOLMSettings(learning_rate=args.lr, kl_beta=args.beta, clip_eps=args.epsilon, max_grad_norm=1.0)
@@ -176,8 +176,10 @@ def settings(args):
 def run_ours(args, model_dir: Path) -> dict:
     import torch
 
-    from dagster_rl.lm import in_memory, rollout_hf, trainer
-    from dagster_rl.lm.policy import make_optimizer
+    from dagster_rl.tasks.lm import in_memory
+    from dagster_rl.tasks.lm.rollout import hf as rollout_hf
+    from dagster_rl.tasks.lm.train import trainer
+    from dagster_rl.tasks.lm.model.policy import make_optimizer
 
     sampling, grpo, rubric = settings(args)
     dtype = "bfloat16" if args.worker == "ours-bf16" else args.dtype
@@ -218,9 +220,9 @@ def run_trl(args, model_dir: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from dagster_rl.lm.policy import lora_config
-    from dagster_rl.lm.rewards import score_text
-    from dagster_rl.lm.prompts import prompts_for_step, render
+    from dagster_rl.tasks.lm.model.policy import lora_config
+    from dagster_rl.tasks.lm.rewards import score_text
+    from dagster_rl.tasks.lm.data.prompts import prompts_for_step, render
 
     sampling, grpo, rubric = settings(args)
     prompt_set = prompt_set_of(args)

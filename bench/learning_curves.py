@@ -57,8 +57,8 @@ def run_one(name: str, seed: int, overrides: dict, n_steps: int | None) -> dict:
     from dagster import AssetKey, DagsterInstance
 
     from assets.definitions import build_definitions
-    from dagster_rl.experiment import step_key
-    from dagster_rl.experiment_files import load_experiments
+    from dagster_rl.core.experiment import step_key
+    from dagster_rl.core.experiment_files import load_experiments
     from resources import ArtifactStoreResource
 
     def metadata(instance: DagsterInstance, asset: str) -> dict:

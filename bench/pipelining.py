@@ -31,8 +31,8 @@ os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp(prefix="dagster-rl-bench-
 from dagster import DagsterInstance  # noqa: E402
 
 from assets.definitions import build_definitions  # noqa: E402
-from dagster_rl.experiment import step_key  # noqa: E402
-from dagster_rl.experiment_files import parse_experiment  # noqa: E402
+from dagster_rl.core.experiment import step_key  # noqa: E402
+from dagster_rl.core.experiment_files import parse_experiment  # noqa: E402
 from resources import ArtifactStoreResource  # noqa: E402
 from tests.conftest import shipped_settings  # noqa: E402
 

@@ -23,7 +23,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dagster_rl.vllm_client import ServerReplyError, ServerSampling, completion_body, parse_completion  # noqa: E402
+from dagster_rl.inference.vllm_client import ServerReplyError, ServerSampling, completion_body, parse_completion  # noqa: E402
 from tests.serve_process import ServeProcess  # noqa: E402
 
 TINY, PROMPT, VOCAB = "builtin:tiny-qwen2", [3, 9, 11, 4], 68

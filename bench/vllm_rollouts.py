@@ -41,23 +41,23 @@ import lm_common  # noqa: F401  (sets the offline environment and sys.path first
 import torch
 from safetensors.torch import load_file, save_file
 
-from dagster_rl.hashing import cache_key
-from dagster_rl.lm.backends import HFRollouts
-from dagster_rl.lm.experiment import LMExperiment
-from dagster_rl.lm.logprobs import pack, packed_logprobs
-from dagster_rl.lm.policy import checkpoint_bytes, load_policy, make_optimizer
-from dagster_rl.lm.prompts import load_prompt_set, prompts_for_step
-from dagster_rl.lm.records import plan_requests
-from dagster_rl.lm.rewards import score
-from dagster_rl.lm.rollout_server import ServerRollouts
-from dagster_rl.lm.tiny import resolve_model
-from dagster_rl.lm.trainer import build_samples, train_step
-from dagster_rl.lm.vllm_serving import MAX_MODEL_LEN
-from dagster_rl.retries import Limits
-from dagster_rl.server_process import ManagedServer, ServerStartError, vllm_cpu_command
-from dagster_rl.store import ArtifactStore
-from dagster_rl.task import Endpoint, Weights
-from dagster_rl.vllm_client import VLLM_VERSION, VLLMClient
+from dagster_rl.core.hashing import cache_key
+from dagster_rl.tasks.lm.backends import HFRollouts
+from dagster_rl.tasks.lm.experiment import LMExperiment
+from dagster_rl.tasks.lm.model.logprobs import pack, packed_logprobs
+from dagster_rl.tasks.lm.model.policy import checkpoint_bytes, load_policy, make_optimizer
+from dagster_rl.tasks.lm.data.prompts import load_prompt_set, prompts_for_step
+from dagster_rl.tasks.lm.records import plan_requests
+from dagster_rl.tasks.lm.rewards import score
+from dagster_rl.tasks.lm.rollout.openai_client import ServerRollouts
+from dagster_rl.tasks.lm.model.tiny import resolve_model
+from dagster_rl.tasks.lm.train.trainer import build_samples, train_step
+from dagster_rl.tasks.lm.rollout.vllm_serving import MAX_MODEL_LEN
+from dagster_rl.core.retries import Limits
+from dagster_rl.inference.server_process import ManagedServer, ServerStartError, vllm_cpu_command
+from dagster_rl.store.artifact_store import ArtifactStore
+from dagster_rl.core.task import Endpoint, Weights
+from dagster_rl.inference.vllm_client import VLLM_VERSION, VLLMClient
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

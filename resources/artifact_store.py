@@ -1,4 +1,4 @@
-"""Where artifacts live: the content-addressed store (`dagster_rl.store`) as a Dagster resource."""
+"""Where artifacts live: the content-addressed store (`dagster_rl.store.artifact_store`) as a Dagster resource."""
 
 import os
 from collections.abc import Callable
@@ -7,8 +7,8 @@ from pathlib import Path
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from dagster_rl.errors import DagsterHomeError
-from dagster_rl.store import ArtifactStore
+from dagster_rl.core.errors import DagsterHomeError
+from dagster_rl.store.artifact_store import ArtifactStore
 
 DAGSTER_HOME_UNSET = (
     "DAGSTER_HOME is not set: Dagster would record runs in a throwaway instance, deleted when the command "

@@ -12,17 +12,17 @@ from typing import Any, Literal
 from dagster import AssetExecutionContext, ConfigurableResource, InitResourceContext
 from pydantic import Field, PrivateAttr
 
-from dagster_rl import bounds
-from dagster_rl.experiment import Experiment
-from dagster_rl.judge_journal import JudgeJournal
-from dagster_rl.llm_judge import LLMJudge, OpenAIChatClient
-from dagster_rl.pods import PodJob
-from dagster_rl.retries import Limits
-from dagster_rl.rubric_judge import RubricJudge
-from dagster_rl.server_process import ADAPTER_ROOTS_ENV, ManagedServer
-from dagster_rl.task import Backend, Endpoint, JudgeBackend, RolloutEnv, TrainerEnv, task_of
-from dagster_rl.vllm_client import VLLMClient
-from dagster_rl.workers import Workers
+from dagster_rl.core import bounds
+from dagster_rl.core.experiment import Experiment
+from dagster_rl.judges.journal import JudgeJournal
+from dagster_rl.judges.llm_judge import LLMJudge, OpenAIChatClient
+from dagster_rl.runtime.pods import PodJob
+from dagster_rl.core.retries import Limits
+from dagster_rl.judges.rubric_judge import RubricJudge
+from dagster_rl.inference.server_process import ADAPTER_ROOTS_ENV, ManagedServer
+from dagster_rl.core.task import Backend, Endpoint, JudgeBackend, RolloutEnv, TrainerEnv, task_of
+from dagster_rl.inference.vllm_client import VLLMClient
+from dagster_rl.runtime.workers import Workers
 from resources.artifact_store import ArtifactStoreResource
 from resources.k8s_launcher import PipesK8sJobLauncher
 from resources.trainer_launcher import PipesTorchrunLauncher
@@ -45,7 +45,7 @@ class RolloutEnvironment(_Environment):
     Where the server is and how to reach it belong here, not in the experiment: the same experiment
     runs against whatever server this code location deploys, and its key stays out of experiment
     files (use `EnvVar`). With `server_command` (on a GPU machine e.g. `["vllm", "serve", "<model>",
-    "--enable-lora", "--port", "8000", ...]`; vLLM's CPU build: `dagster_rl.server_process.vllm_cpu_command`)
+    "--enable-lora", "--port", "8000", ...]`; vLLM's CPU build: `dagster_rl.inference.server_process.vllm_cpu_command`)
     the environment starts the server when a backend first needs it, waits until it is healthy and
     generates a token, and stops it when the run ends.
 
@@ -207,7 +207,7 @@ class TrainerEnvironment(_Environment):
 
 @dataclass(frozen=True)
 class _BoundPods:
-    """The k8s launcher bound to the driver's step (what `dagster_rl.pods.PodLauncher` promises)."""
+    """The k8s launcher bound to the driver's step (what `dagster_rl.runtime.pods.PodLauncher` promises)."""
 
     launcher: PipesK8sJobLauncher
     context: Any

@@ -39,10 +39,10 @@ from dagster_k8s.client import (
 from dagster_k8s.utils import detect_current_namespace
 from pydantic import Field
 
-from dagster_rl.errors import DagsterRLError
-from dagster_rl.k8s_manifests import INDEX_LABEL, JOB_LABEL, ClusterSettings, headless_service, indexed_job, job_name, owned_by
-from dagster_rl.pods import PodJob
-from dagster_rl.workers import WorkersGone
+from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.runtime.k8s_manifests import INDEX_LABEL, JOB_LABEL, ClusterSettings, headless_service, indexed_job, job_name, owned_by
+from dagster_rl.runtime.pods import PodJob
+from dagster_rl.runtime.workers import WorkersGone
 from resources.trainer_launcher import ReportedMessages, _lift_typed_output_requirement, ended_by_the_driver, no_preview_notices
 
 
@@ -241,7 +241,7 @@ class PipesK8sJobLauncher(ConfigurableResource):
 
 
 class K8sWorkers:
-    """A session's pods (`dagster_rl.workers.Workers`): one Indexed Job and its Service that live
+    """A session's pods (`dagster_rl.runtime.workers.Workers`): one Indexed Job and its Service that live
     for the range, inside one Pipes session (pod 0's logs carry rank 0's message per step, read
     beside the driver as in `run`). `check`, at most every `poll_interval_s`: the run left STARTED
     deletes everything (`PodJobTerminated`); a failed pod fails the Job, which is deleted and

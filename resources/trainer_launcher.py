@@ -21,13 +21,13 @@ from dagster import (
 )
 from pydantic import Field
 
-from dagster_rl.workers import ProcessWorkers
+from dagster_rl.runtime.workers import ProcessWorkers
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 class PipesTorchrunLauncher(ConfigurableResource):
-    """Runs the trainer's command (`torchrun ... -m dagster_rl.lm.worker <job.json | session>`)
+    """Runs the trainer's command (`torchrun ... -m dagster_rl.tasks.lm.train.entrypoint <job.json | session>`)
     through Dagster Pipes: global rank 0 of the workers reports its log line and metrics into the
     run's event log. `run` waits for one step's command (`PipesSubprocessClient`; its stderr reaches
     the step's compute log); `start` leaves a session's workers running beside the driver, with one
@@ -89,7 +89,7 @@ class ReportedMessages:
 
 
 class PipesWorkers:
-    """A session's torchrun on this machine, inside its Pipes session (`dagster_rl.workers.Workers`)."""
+    """A session's torchrun on this machine, inside its Pipes session (`dagster_rl.runtime.workers.Workers`)."""
 
     def __init__(self, context, session, stack: ExitStack, workers: ProcessWorkers):
         self.context, self.stack, self.workers = context, stack, workers

@@ -71,7 +71,7 @@ def lab(tmp_path):
 @pytest.fixture(scope="session")
 def uninterrupted(tmp_path_factory):
     """The reference: steps 0000..0007 of the demo settings in one clean run."""
-    from dagster_rl import counters
+    from dagster_rl.core import counters
     from tests.harness import open_lab
 
     home = new_dagster_home(tmp_path_factory.mktemp("ref") / "home")
@@ -97,7 +97,7 @@ def session_settings(**overrides) -> dict:
 def session_run(tmp_path_factory):
     """The reference of the trainer-session tests: steps 0000..0002 of `session_settings()` in one
     uninterrupted run, its trainer one session of 2 torchrun ranks."""
-    from dagster_rl import counters
+    from dagster_rl.core import counters
     from tests.harness import open_lab
 
     home = new_dagster_home(tmp_path_factory.mktemp("session_ref") / "home")

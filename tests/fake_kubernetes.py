@@ -63,9 +63,9 @@ from kubernetes.client import (
     V1Container,
 )
 
-from dagster_rl.k8s_manifests import INDEX_LABEL, expand
-from dagster_rl.lifetime import children
-from dagster_rl.pods import MASTER_ADDR, MASTER_PORT
+from dagster_rl.runtime.k8s_manifests import INDEX_LABEL, expand
+from dagster_rl.runtime.lifetime import children
+from dagster_rl.runtime.pods import MASTER_ADDR, MASTER_PORT
 from tests.servers import free_port
 
 K8S_VERSION = "1.33.0"

@@ -6,8 +6,8 @@ from pathlib import Path
 from dagster import AssetKey, DagsterInstance, Definitions
 
 from assets.definitions import build_definitions
-from dagster_rl.experiment import Experiment
-from dagster_rl.experiment_files import load_experiments
+from dagster_rl.core.experiment import Experiment
+from dagster_rl.core.experiment_files import load_experiments
 from resources import ArtifactStoreResource, RolloutEnvironment
 
 CHAIN = ("rollouts", "rewards", "weights")

@@ -25,15 +25,15 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from dagster_rl.differences import Difference, compare
-from dagster_rl.experiment_files import parse_experiment
-from dagster_rl.hashing import canonical_json, content_hash
-from dagster_rl.records import STATS
-from dagster_rl.task import Backends, task_of
+from dagster_rl.core.differences import Difference, compare
+from dagster_rl.core.experiment_files import parse_experiment
+from dagster_rl.core.hashing import canonical_json, content_hash
+from dagster_rl.core.records import STATS
+from dagster_rl.core.task import Backends, task_of
 
 STEPS = [0, 1]  # two steps: the second samples from weights the first trained (and, at lag 1, from the initial ones)
 ENVIRONMENTS = ("rollout", "judge", "trainer")
-WARMUP_FILE = "warmup.json"  # what marks a warm-up's weights (dagster_rl.lm.warmup.WARMUP; not imported: no torch here)
+WARMUP_FILE = "warmup.json"  # what marks a warm-up's weights (dagster_rl.tasks.lm.train.warmup.WARMUP; not imported: no torch here)
 Raw = dict[str, Any]
 
 
@@ -328,7 +328,7 @@ def compute(plan: Plan, root: Path, build: Callable[[Plan, Path], tuple[Any, Bac
     """Everything the plan stores, computed on a fresh store at `root`: the warm-up (if any), the
     initial weights and steps `STEPS`, through the task's loop. `build(plan, root)` gives the
     experiment and its backends (built by the environments, journaling into that store)."""
-    from dagster_rl.store import ArtifactStore
+    from dagster_rl.store.artifact_store import ArtifactStore
 
     exp, backends = build(plan, root)
     store = ArtifactStore(f"file://{root}")

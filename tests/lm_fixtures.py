@@ -14,13 +14,13 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-from dagster_rl.lm.policy import Policy, load_policy  # noqa: E402
-from dagster_rl.lm.rewards import LMRubric, score  # noqa: E402
-from dagster_rl.lm.records import plan_requests  # noqa: E402
-from dagster_rl.lm.rollout_hf import generate_rollouts  # noqa: E402
-from dagster_rl.lm.settings import GRPOLMSettings, LoRASettings, PolicySettings, SamplingSettings  # noqa: E402
-from dagster_rl.lm.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step  # noqa: E402
-from dagster_rl.lm.tiny import save_tiny_model  # noqa: E402
+from dagster_rl.tasks.lm.model.policy import Policy, load_policy  # noqa: E402
+from dagster_rl.tasks.lm.rewards import LMRubric, score  # noqa: E402
+from dagster_rl.tasks.lm.records import plan_requests  # noqa: E402
+from dagster_rl.tasks.lm.rollout.hf import generate_rollouts  # noqa: E402
+from dagster_rl.tasks.lm.settings import GRPOLMSettings, LoRASettings, PolicySettings, SamplingSettings  # noqa: E402
+from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step  # noqa: E402
+from dagster_rl.tasks.lm.model.tiny import save_tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_TARGETS = ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")

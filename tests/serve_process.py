@@ -8,8 +8,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from dagster_rl.http_json import EndpointError, JSONEndpoint
-from dagster_rl.vllm_client import VLLMClient
+from dagster_rl.inference.http_json import EndpointError, JSONEndpoint
+from dagster_rl.inference.vllm_client import VLLMClient
 from tests.servers import REPO, executable, free_port
 
 

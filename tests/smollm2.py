@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dagster_rl.lm.packaged import MissingModelPackage, gguf_path
-from dagster_rl.lm.tiny import resolve_model
+from dagster_rl.tasks.lm.model.packaged import MissingModelPackage, gguf_path
+from dagster_rl.tasks.lm.model.tiny import resolve_model
 from tests.postgres import in_ci
 
 SMOLLM2 = "builtin:smollm2-135m-instruct"

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from dagster_rl.experiment_files import parse_experiment
-from dagster_rl.task import BUILTIN_TASKS, Backends
-from dagster_rl.store import ADOPTING_KINDS
+from dagster_rl.core.experiment_files import parse_experiment
+from dagster_rl.core.task import BUILTIN_TASKS, Backends
+from dagster_rl.store.artifact_store import ADOPTING_KINDS
 from tests.key_completeness import Change, Plan, Walk, _listed, changes, combined, compute, findings, outcome
 from tests.openai_stub import OpenAIStub
 
@@ -69,7 +69,7 @@ OUTSIDE_KEYS = {
     "environments.trainer.timeout_s": "a timeout",
     "environments.trainer.max_concurrency": "one update at a time in a range whatever it says",
 }
-# The settings whose change may change float bytes within rounding (`dagster_rl.differences`): the
+# The settings whose change may change float bytes within rounding (`dagster_rl.core.differences`): the
 # stored float artifacts are then another computation of the same plan (adopted by a second writer),
 # and the keys computed from their content hashes differ. Each must change nothing else.
 ROUNDING = {
@@ -275,11 +275,11 @@ def test_every_task_kind_has_a_base_experiment():
 
 def _initial_prior_keyed_by_the_task_alone(exp, store):
     """The secret_search initial prior as it was keyed before: by its `task` block alone."""
-    from dagster_rl.hashing import cache_key
-    from dagster_rl.secret_search.loop import used_worlds
-    from dagster_rl.secret_search.prior import uniform
-    from dagster_rl.secret_search.records import TabularWeights
-    from dagster_rl.task import Weights
+    from dagster_rl.core.hashing import cache_key
+    from dagster_rl.tasks.secret_search.loop import used_worlds
+    from dagster_rl.tasks.secret_search.prior import uniform
+    from dagster_rl.tasks.secret_search.records import TabularWeights
+    from dagster_rl.core.task import Weights
 
     priors = TabularWeights(version=0, doc_prior={w: uniform(exp.task.n_docs) for w in used_worlds(exp)})
     return Weights("initial", store.put_model("weights", cache_key("weights", "tabular-uniform-1", task=exp.task), priors), priors, 0)
@@ -288,7 +288,7 @@ def _initial_prior_keyed_by_the_task_alone(exp, store):
 def test_a_key_that_leaves_a_setting_out_is_named_with_the_artifact(tmp_path, judge, monkeypatch):
     """The omission this test was written for: two experiments with one `task:` block, the first
     with fewer prompts per step than worlds, shared one initial prior."""
-    import dagster_rl.secret_search.loop as loop
+    import dagster_rl.tasks.secret_search.loop as loop
 
     monkeypatch.setattr(loop, "initial_weights", _initial_prior_keyed_by_the_task_alone)
     problems, n = audit("secret_search", tmp_path, judge.base_url, only={"prompts_per_step"})

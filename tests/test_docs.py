@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dagster_rl.experiment_reference import reference
+from dagster_rl.core.experiment_reference import reference
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -75,8 +75,8 @@ def test_experiment_reference_is_current():
 
 def test_reference_documents_every_field_and_fork_of():
     text = reference()
-    from dagster_rl.lm.experiment import LMExperiment
-    from dagster_rl.secret_search.experiment import SecretSearchExperiment
+    from dagster_rl.tasks.lm.experiment import LMExperiment
+    from dagster_rl.tasks.secret_search.experiment import SecretSearchExperiment
 
     for model in (LMExperiment, SecretSearchExperiment):
         for name in model.model_fields:

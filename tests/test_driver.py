@@ -5,11 +5,11 @@ import json
 import pytest
 from dagster import AssetKey, FloatMetadataValue, IntMetadataValue
 
-from dagster_rl import counters
-from dagster_rl.experiment import step_key
-from dagster_rl.records import STATS, Rollouts
-from dagster_rl.secret_search.loop import _rollouts_key, ensure_worlds, initial_weights
-from dagster_rl.secret_search.records import Trajectory
+from dagster_rl.core import counters
+from dagster_rl.core.experiment import step_key
+from dagster_rl.core.records import STATS, Rollouts
+from dagster_rl.tasks.secret_search.loop import _rollouts_key, ensure_worlds, initial_weights
+from dagster_rl.tasks.secret_search.records import Trajectory
 from resources import JudgeEnvironment, RolloutEnvironment
 from tests.conftest import demo_settings
 from tests.harness import CHAIN, failure_message

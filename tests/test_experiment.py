@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dagster_rl.errors import ExperimentError
-from dagster_rl.experiment_files import load_experiments, read_experiments
+from dagster_rl.core.errors import ExperimentError
+from dagster_rl.core.experiment_files import load_experiments, read_experiments
 from tests.conftest import REPO, demo_settings, shipped_settings, write_experiments
 
 
@@ -180,8 +180,8 @@ def test_shipped_experiments_load():
 
 def test_a_step_makes_only_the_worlds_it_uses(tmp_path):
     """finding 6: 1000 worlds of 1000 documents load, and a step makes the 6 its 6 prompts play."""
-    from dagster_rl.secret_search.loop import ensure_worlds, initial_weights
-    from dagster_rl.store import ArtifactStore
+    from dagster_rl.tasks.secret_search.loop import ensure_worlds, initial_weights
+    from dagster_rl.store.artifact_store import ArtifactStore
 
     exp = load(tmp_path, demo_settings(task={"n_worlds": 1000, "n_docs": 1000}))["demo"]
     store = ArtifactStore(f"file://{tmp_path}/store")

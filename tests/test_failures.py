@@ -6,9 +6,9 @@ run; the same experiment re-run with retries (a healthy environment) recovers th
 in any key, so the healed steps must end with the bytes of a run that never failed.
 """
 
-from dagster_rl import counters
-from dagster_rl.records import Rollouts
-from dagster_rl.secret_search.records import Trajectory
+from dagster_rl.core import counters
+from dagster_rl.core.records import Rollouts
+from dagster_rl.tasks.secret_search.records import Trajectory
 from resources import JudgeEnvironment, RolloutEnvironment
 from tests.conftest import demo_settings, shipped_settings
 from tests.test_driver import final_weights_bytes, step_rollouts_key

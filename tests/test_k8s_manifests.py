@@ -29,11 +29,11 @@ from dagster_k8s.executor import K8sStepHandler
 from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
 
 from assets import deployment
-from dagster_rl.errors import SettingError
-from dagster_rl.experiment_files import load_experiments
-from dagster_rl.k8s_manifests import INDEX_LABEL, MAX_LABEL, ClusterSettings, expand, headless_service, indexed_job, job_name
-from dagster_rl.lm.backends import LMTrainer
-from dagster_rl.pods import COMPLETION_INDEX, MASTER_ADDR, MASTER_PORT, PodJob, PodResources
+from dagster_rl.core.errors import SettingError
+from dagster_rl.core.experiment_files import load_experiments
+from dagster_rl.runtime.k8s_manifests import INDEX_LABEL, MAX_LABEL, ClusterSettings, expand, headless_service, indexed_job, job_name
+from dagster_rl.tasks.lm.backends import LMTrainer
+from dagster_rl.runtime.pods import COMPLETION_INDEX, MASTER_ADDR, MASTER_PORT, PodJob, PodResources
 from tests import helm_chart
 from tests.conftest import shipped_settings
 from tests.fake_kubernetes import allows
@@ -102,7 +102,7 @@ def test_the_trainer_job_and_service_of_the_gpu_experiment():
     assert cmd[cmd.index("--nnodes") + 1] == "2" and cmd[cmd.index("--nproc-per-node") + 1] == "1"
     assert cmd[cmd.index("--node-rank") + 1] == "$(JOB_COMPLETION_INDEX)" and cmd[cmd.index("--rdzv-backend") + 1] == "static"
     assert cmd[cmd.index("--master-addr") + 1] == "$(MASTER_ADDR)" and cmd[cmd.index("--master-port") + 1] == "$(MASTER_PORT)"
-    assert cmd[-3:] == ["-m", "dagster_rl.lm.worker", "/data/trainer-jobs/dagster-rl-train-x/job.json"]
+    assert cmd[-3:] == ["-m", "dagster_rl.tasks.lm.train.entrypoint", "/data/trainer-jobs/dagster-rl-train-x/job.json"]
     # what the experiment asked of each pod, and where the deployment puts it
     assert container["resources"] == {"requests": {"cpu": "6", "memory": "48Gi"}, "limits": {"memory": "48Gi", "nvidia.com/gpu": 1}}
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -419,5 +419,5 @@ def test_a_trainer_sessions_job_lives_for_the_range():
     validate(job)
     validate(headless_service(spec, CLUSTER, name))
     assert job["spec"]["activeDeadlineSeconds"] == 3600 * exp.n_steps and job["spec"]["backoffLimit"] == 0
-    assert job["spec"]["template"]["spec"]["containers"][0]["command"][-3:] == ["-m", "dagster_rl.lm.worker", "/data/trainer-jobs/dagster-rl-session-x"]
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][-3:] == ["-m", "dagster_rl.tasks.lm.train.entrypoint", "/data/trainer-jobs/dagster-rl-session-x"]
     assert LMTrainer(nproc_per_node=1).pod_job(exp, Path("/x"), step=17, session=0).name == f"{exp.name}-s0017"

@@ -17,7 +17,7 @@ from dagster import AssetExecutionContext, DagsterInstance, asset, materialize
 from dagster._core.errors import DagsterExecutionInterruptedError
 from dagster_k8s.client import DagsterKubernetesClient
 
-from dagster_rl.pods import PodJob, PodResources
+from dagster_rl.runtime.pods import PodJob, PodResources
 from resources import PipesK8sJobLauncher, PipesTorchrunLauncher, TrainerEnvironment
 from resources.k8s_launcher import PodJobFailed, PodJobTerminated
 from tests.conftest import SESSION_STEPS, TINY_PLUMBING, session_settings, shipped_settings

@@ -6,19 +6,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dagster_rl import counters
-from dagster_rl.errors import SettingError
-from dagster_rl.judge_journal import KIND, JudgeJournal, journal_key, trajectory_hash
-from dagster_rl.llm_judge import LLMJudge, LLMJudgeError, OpenAIChatClient, parse_score, rubric_hash
-from dagster_rl.records import Rewards
-from dagster_rl.retries import AttemptsExhausted, Limits
-from dagster_rl.secret_search.backends import SandboxRollouts, TabularTrainer
-from dagster_rl.secret_search.experiment import SecretSearchExperiment
-from dagster_rl.secret_search.grading import SecretSearchGrading
-from dagster_rl.secret_search.loop import initial_weights, run_step
-from dagster_rl.secret_search.records import Reward, Trajectory
-from dagster_rl.store import ArtifactStore
-from dagster_rl.task import Backends
+from dagster_rl.core import counters
+from dagster_rl.core.errors import SettingError
+from dagster_rl.judges.journal import KIND, JudgeJournal, journal_key, trajectory_hash
+from dagster_rl.judges.llm_judge import LLMJudge, LLMJudgeError, OpenAIChatClient, parse_score, rubric_hash
+from dagster_rl.core.records import Rewards
+from dagster_rl.core.retries import AttemptsExhausted, Limits
+from dagster_rl.tasks.secret_search.backends import SandboxRollouts, TabularTrainer
+from dagster_rl.tasks.secret_search.experiment import SecretSearchExperiment
+from dagster_rl.tasks.secret_search.grading import SecretSearchGrading
+from dagster_rl.tasks.secret_search.loop import initial_weights, run_step
+from dagster_rl.tasks.secret_search.records import Reward, Trajectory
+from dagster_rl.store.artifact_store import ArtifactStore
+from dagster_rl.core.task import Backends
 from tests.openai_stub import CrashAfterJudgeCall, OpenAIStub, rule_score
 
 REPO = Path(__file__).resolve().parent.parent
@@ -225,9 +225,9 @@ def lm_rule(body: dict) -> float:
 def test_the_llm_judge_grades_language_model_completions_through_the_driver(lab):
     """A GSM8K-format language-model experiment judged by JudgeEnvironment(backend="openai"): the
     verifier decides accuracy, the LLM grades the format, one paid call per trial under judge flakes."""
-    from dagster_rl.lm.grading import LMGrading
-    from dagster_rl.lm.prompts import load_prompt_set
-    from dagster_rl.lm.rewards import LMReward
+    from dagster_rl.tasks.lm.grading import LMGrading
+    from dagster_rl.tasks.lm.data.prompts import load_prompt_set
+    from dagster_rl.tasks.lm.rewards import LMReward
     from resources import JudgeEnvironment
     from tests.conftest import shipped_settings
 
@@ -276,8 +276,8 @@ def test_the_llm_judge_grades_language_model_completions_through_the_driver(lab)
 
 
 def _rollout(run, step: str, trial_id: str):
-    from dagster_rl.lm.records import LMRollout
-    from dagster_rl.records import Rollouts
+    from dagster_rl.tasks.lm.records import LMRollout
+    from dagster_rl.core.records import Rollouts
 
     rollouts = run.store().get_model("rollouts", run.latest("lm_llm", "rollouts", step)["artifact_key"], Rollouts[LMRollout])
     return next(t for t in rollouts.trajectories if t.trial_id == trial_id)
@@ -285,8 +285,8 @@ def _rollout(run, step: str, trial_id: str):
 
 def test_a_judge_that_answers_megabytes_has_a_bounded_journal(stub, store, tmp_path):
     """finding 7 of issue 10: 5 MB replies were journaled in full (115 MB for one step)."""
-    from dagster_rl.judge_journal import MAX_REPLY_CHARS
-    from dagster_rl.hashing import sha256_hex
+    from dagster_rl.judges.journal import MAX_REPLY_CHARS
+    from dagster_rl.core.hashing import sha256_hex
 
     exp, trajs = experiment(), [trajectory(i) for i in range(4)]
     stub.reply_text = "SCORE: 0.5\n" + "blah " * 1_000_000
@@ -331,7 +331,7 @@ def test_a_malformed_or_out_of_range_judge_reply_fails_the_judgement_and_is_neve
 
 
 def test_a_journal_entry_no_judge_could_have_written_is_moved_aside_and_asked_again(stub, store):
-    from dagster_rl.judge_journal import JudgeCall
+    from dagster_rl.judges.journal import JudgeCall
 
     exp, traj = experiment(), trajectory(1)
     t_hash, r_hash = trajectory_hash(traj), rubric_hash(exp.rubric, SecretSearchGrading.prompt_version)
@@ -348,7 +348,7 @@ def test_a_judge_that_never_answers_fails_the_step_after_one_judgements_worst_ca
     answers: the first 4 wait out their 3 attempts (12 requests); the other 12 are not sent while
     the endpoint is taken as down, and fail at once naming it. Before, each of the 4 waves waited
     out its own attempts (48 requests: a step of the demo took 281 s to fail with the defaults)."""
-    from dagster_rl.steps import judge_all
+    from dagster_rl.core.steps import judge_all
 
     with OpenAIStub(delay_s=30.0) as silent:
         judge = LLMJudge(

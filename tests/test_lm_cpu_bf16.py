@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from dagster_rl.errors import DagsterRLError
-from dagster_rl.lm import cpu_bf16
-from dagster_rl.lm.policy import load_policy
-from dagster_rl.lm.settings import PolicySettings
+from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.tasks.lm.model import cpu_bf16
+from dagster_rl.tasks.lm.model.policy import load_policy
+from dagster_rl.tasks.lm.settings import PolicySettings
 from tests.lm_fixtures import tiny_dir  # noqa: F401
 
 

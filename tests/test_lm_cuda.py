@@ -8,13 +8,13 @@ the device is not part of what a step's keys hash.
 import pytest
 import torch
 
-from dagster_rl.errors import DagsterRLError
-from dagster_rl.lm.policy import checkpoint_bytes, make_optimizer, resolve_device
-from dagster_rl.lm.records import plan_requests
-from dagster_rl.lm.rollout_hf import generate_rollouts
-from dagster_rl.lm.settings import PolicySettings
-from dagster_rl.lm.trainer import build_samples, train_step
-from dagster_rl.lm.worker import process_group_backend
+from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.tasks.lm.model.policy import checkpoint_bytes, make_optimizer, resolve_device
+from dagster_rl.tasks.lm.records import plan_requests
+from dagster_rl.tasks.lm.rollout.hf import generate_rollouts
+from dagster_rl.tasks.lm.settings import PolicySettings
+from dagster_rl.tasks.lm.train.trainer import build_samples, train_step
+from dagster_rl.tasks.lm.train.entrypoint import process_group_backend
 from tests.lm_fixtures import GRPO, SAMPLING, fresh_policy, policy_settings, tiny_dir  # noqa: F401
 
 GPU = torch.cuda.is_available()
@@ -32,7 +32,7 @@ def test_device_resolution_and_process_group_backend():
 
 
 def test_the_device_is_in_no_key_and_the_dtype_is():
-    from dagster_rl.hashing import content_hash
+    from dagster_rl.core.hashing import content_hash
 
     cpu = PolicySettings(base_model="m", device="cpu")
     cuda = PolicySettings(base_model="m", device="cuda")
@@ -44,8 +44,8 @@ def test_the_device_is_in_no_key_and_the_dtype_is():
 
 
 def _step(policy, step=0):
-    from dagster_rl.lm.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step
-    from dagster_rl.lm.rewards import score
+    from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step
+    from dagster_rl.tasks.lm.rewards import score
     from tests.lm_fixtures import RUBRIC
 
     prompt_set = load_prompt_set(SyntheticPrompts(ops=("copy", "add")))
@@ -65,7 +65,7 @@ def _train(policy, rollouts, rewards):
 @pytest.mark.cuda
 @needs_gpu
 def test_generation_and_training_on_cuda_agree_with_the_cpu(tiny_dir):
-    from dagster_rl.lm.policy import load_policy
+    from dagster_rl.tasks.lm.model.policy import load_policy
 
     on_cpu = fresh_policy(tiny_dir)
     on_gpu = load_policy(policy_settings(tiny_dir).model_copy(update={"device": "cuda"}))
@@ -89,7 +89,7 @@ def test_generation_and_training_on_cuda_agree_with_the_cpu(tiny_dir):
 @pytest.mark.cuda
 @needs_gpu
 def test_a_bfloat16_base_trains_a_float32_adapter_on_cuda(tiny_dir):
-    from dagster_rl.lm.policy import load_policy
+    from dagster_rl.tasks.lm.model.policy import load_policy
 
     policy = load_policy(policy_settings(tiny_dir).model_copy(update={"device": "cuda", "dtype": "bfloat16"}))
     assert {p.dtype for _, p in policy.trainable()} == {torch.float32}

@@ -8,10 +8,10 @@ from dagster_pipes import encode_param
 from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file
 
-from dagster_rl.lm.policy import ADAPTER, checkpoint_bytes, load_checkpoint, load_policy, make_optimizer, save_checkpoint
-from dagster_rl.lm.settings import GRPOLMSettings
-from dagster_rl.lm.trainer import TrainMetrics, build_samples, micro_batches, shard, train_step
-from dagster_rl.lm.worker import CHECKPOINT_DIR, GRADS, METRICS, TrainBatch, TrainJob, launch_torchrun, write_job
+from dagster_rl.tasks.lm.model.policy import ADAPTER, checkpoint_bytes, load_checkpoint, load_policy, make_optimizer, save_checkpoint
+from dagster_rl.tasks.lm.settings import GRPOLMSettings
+from dagster_rl.tasks.lm.train.trainer import TrainMetrics, build_samples, micro_batches, shard, train_step
+from dagster_rl.tasks.lm.train.entrypoint import CHECKPOINT_DIR, GRADS, METRICS, TrainBatch, TrainJob, launch_torchrun, write_job
 from tests.lm_fixtures import (  # noqa: F401
     EPS32,
     GRPO,
@@ -163,7 +163,7 @@ def test_torchrun_command():
     cmd = launch_torchrun("job.json", nproc_per_node=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29400, python="py")
     assert cmd == [
         "py", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "4", "--max-restarts", "0", "--rdzv-backend",
-        "static", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29400", "-m", "dagster_rl.lm.worker", "job.json",
+        "static", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29400", "-m", "dagster_rl.tasks.lm.train.entrypoint", "job.json",
     ]
     assert "--standalone" in launch_torchrun("job.json", nproc_per_node=2)
     with pytest.raises(ValueError, match="master_addr"):

@@ -4,8 +4,8 @@ from statistics import fmean
 
 import pytest
 
-from dagster_rl import counters
-from dagster_rl.experiment import step_key
+from dagster_rl.core import counters
+from dagster_rl.core.experiment import step_key
 from tests.conftest import TINY_PLUMBING, shipped_settings
 from tests.harness import failure_message
 from tests.lm_fixtures import ON_POLICY_ROUNDING
@@ -176,8 +176,8 @@ def test_torchrun_trainer_through_pipes_matches_the_in_process_trainer(lab, on_p
 
 
 def _stored_rollouts(lab, step: str):
-    from dagster_rl.lm.records import LMRollout
-    from dagster_rl.records import Rollouts
+    from dagster_rl.tasks.lm.records import LMRollout
+    from dagster_rl.core.records import Rollouts
 
     key = lab.latest("tiny_grpo", "rollouts", step)["artifact_key"]
     return lab.store().get_model("rollouts", key, Rollouts[LMRollout]).trajectories

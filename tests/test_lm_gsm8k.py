@@ -5,12 +5,12 @@ from statistics import fmean
 
 import pytest
 
-from dagster_rl.experiment import step_key
-from dagster_rl.lm.prompts import extract_answer, has_answer_mark
-from dagster_rl.lm.records import LMRollout
-from dagster_rl.lm.rewards import LMReward
-from dagster_rl.lm.tiny import IM_START
-from dagster_rl.records import Rewards, Rollouts
+from dagster_rl.core.experiment import step_key
+from dagster_rl.tasks.lm.data.prompts import extract_answer, has_answer_mark
+from dagster_rl.tasks.lm.records import LMRollout
+from dagster_rl.tasks.lm.rewards import LMReward
+from dagster_rl.tasks.lm.model.tiny import IM_START
+from dagster_rl.core.records import Rewards, Rollouts
 from tests.conftest import shipped_settings
 
 GSM8K_RISE, GSM8K_LAST = 0.04, 10  # see test_tiny_gsm8k_heldout_accuracy_rises_above_the_warm_started_base
@@ -45,7 +45,7 @@ def test_tiny_gsm8k_warms_up_and_steps_through_the_driver(curve):
     assert len(rollouts.trajectories) == exp.prompts_per_step * exp.n_samples
     from transformers import AutoTokenizer
 
-    from dagster_rl.lm.tiny import resolve_model
+    from dagster_rl.tasks.lm.model.tiny import resolve_model
 
     tok = AutoTokenizer.from_pretrained(resolve_model("builtin:tiny-qwen2-gsm8k"))
     for r in rollouts.trajectories:

@@ -2,7 +2,7 @@
 
 transformers 5 patches process-wide functions while it builds a model (`PreTrainedModel.tie_weights`
 among them); two threads that build at once left `lm_head.weight` untied on the meta device, and
-`tie_weights` a no-op for the rest of the process (dagster_rl.lm.model_build).
+`tie_weights` a no-op for the rest of the process (dagster_rl.tasks.lm.model.build).
 """
 
 import threading
@@ -12,11 +12,11 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.modeling_utils import PreTrainedModel
 
-from dagster_rl.errors import DagsterRLError
-from dagster_rl.lm.model_build import check_whole
-from dagster_rl.lm.policy import load_policy
-from dagster_rl.lm.settings import ATTENTION_AND_MLP, LoRASettings, PolicySettings
-from dagster_rl.lm.tiny import tiny_tokenizer
+from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.tasks.lm.model.build import check_whole
+from dagster_rl.tasks.lm.model.policy import load_policy
+from dagster_rl.tasks.lm.settings import ATTENTION_AND_MLP, LoRASettings, PolicySettings
+from dagster_rl.tasks.lm.model.tiny import tiny_tokenizer
 
 THREADS = 6
 

@@ -8,22 +8,22 @@ import re
 import pytest
 import torch
 
-from dagster_rl import counters
-from dagster_rl.http_json import EndpointError, JSONEndpoint
-from dagster_rl.lm.experiment import LMExperiment
-from dagster_rl.lm.logprobs import completion_logprobs
-from dagster_rl.lm.loop import LMLoop
-from dagster_rl.lm.policy import ADAPTER, OPTIMIZER, STATE, load_base
-from dagster_rl.lm.prompts import load_prompt_set, prompts_for_step
-from dagster_rl.lm.records import LMRollout, plan_requests
-from dagster_rl.lm.rollout_server import ServerRollouts
-from dagster_rl.lm.sampling import generate
-from dagster_rl.lm.settings import SamplingSettings
-from dagster_rl.records import Rollouts, TrialFailed
-from dagster_rl.retries import Limits
-from dagster_rl.store import ArtifactStore
-from dagster_rl.task import Endpoint
-from dagster_rl.vllm_client import ServerSampling
+from dagster_rl.core import counters
+from dagster_rl.inference.http_json import EndpointError, JSONEndpoint
+from dagster_rl.tasks.lm.experiment import LMExperiment
+from dagster_rl.tasks.lm.model.logprobs import completion_logprobs
+from dagster_rl.tasks.lm.loop import LMLoop
+from dagster_rl.tasks.lm.model.policy import ADAPTER, OPTIMIZER, STATE, load_base
+from dagster_rl.tasks.lm.data.prompts import load_prompt_set, prompts_for_step
+from dagster_rl.tasks.lm.records import LMRollout, plan_requests
+from dagster_rl.tasks.lm.rollout.openai_client import ServerRollouts
+from dagster_rl.tasks.lm.rollout.sampling import generate
+from dagster_rl.tasks.lm.settings import SamplingSettings
+from dagster_rl.core.records import Rollouts, TrialFailed
+from dagster_rl.core.retries import Limits
+from dagster_rl.store.artifact_store import ArtifactStore
+from dagster_rl.core.task import Endpoint
+from dagster_rl.inference.vllm_client import ServerSampling
 from resources import RolloutEnvironment
 from tests.conftest import TINY_PLUMBING, shipped_settings
 from tests.harness import failure_message
@@ -125,7 +125,7 @@ def _exp(**overrides) -> LMExperiment:
 
 
 def test_the_backend_returns_the_hf_engines_rollouts_and_fails_trial_by_trial(server, tmp_path):
-    from dagster_rl.lm.backends import HFRollouts
+    from dagster_rl.tasks.lm.backends import HFRollouts
 
     exp = _exp(sampling={"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 3})
     store = ArtifactStore(f"file://{tmp_path}/artifacts")
@@ -186,7 +186,7 @@ def test_tiny_grpo_through_a_managed_server_matches_the_hf_engine_token_for_toke
 
 def hf_rollouts_of(lab, rollouts: Rollouts[LMRollout]) -> list[LMRollout]:
     """The hf engine's rollouts of the same requests, sampled with the same behavior weights."""
-    from dagster_rl.lm.backends import HFRollouts
+    from dagster_rl.tasks.lm.backends import HFRollouts
 
     exp = lab.experiments["tiny_grpo"]
     prompts = load_prompt_set(exp.task.source)

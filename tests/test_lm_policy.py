@@ -5,9 +5,9 @@ import torch
 from safetensors.torch import load as load_safetensors
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dagster_rl.lm.policy import ADAPTER, OPTIMIZER, checkpoint_bytes, load_checkpoint, make_optimizer, read_state, save_checkpoint
-from dagster_rl.lm.tiny import tiny_model
-from dagster_rl.lm.trainer import build_samples, train_step
+from dagster_rl.tasks.lm.model.policy import ADAPTER, OPTIMIZER, checkpoint_bytes, load_checkpoint, make_optimizer, read_state, save_checkpoint
+from dagster_rl.tasks.lm.model.tiny import tiny_model
+from dagster_rl.tasks.lm.train.trainer import build_samples, train_step
 from tests.lm_fixtures import GRPO, fresh_policy, step_batch, tiny_dir  # noqa: F401
 
 
@@ -70,7 +70,7 @@ def test_checkpoint_resumes_bit_identically(tiny_dir, tmp_path):
 
 
 def _experiment(tiny_dir):
-    from dagster_rl.lm.experiment import LMExperiment
+    from dagster_rl.tasks.lm.experiment import LMExperiment
     from tests.conftest import shipped_settings
     from tests.lm_fixtures import policy_settings
 
@@ -79,7 +79,7 @@ def _experiment(tiny_dir):
 
 
 def _count_base_loads(monkeypatch) -> list[str]:
-    import dagster_rl.lm.policy as policy_module
+    import dagster_rl.tasks.lm.model.policy as policy_module
 
     loads, load_base = [], policy_module.load_base
     monkeypatch.setattr(policy_module, "load_base", lambda *a, **kw: loads.append(a[0]) or load_base(*a, **kw))
@@ -87,7 +87,7 @@ def _count_base_loads(monkeypatch) -> list[str]:
 
 
 def test_in_process_trainer_keeps_the_base_loaded_and_trains_the_bytes_of_a_cold_start(tiny_dir, monkeypatch):
-    from dagster_rl.lm.backends import LMTrainer
+    from dagster_rl.tasks.lm.backends import LMTrainer
 
     exp = _experiment(tiny_dir)
     policy = fresh_policy(tiny_dir)
@@ -106,18 +106,18 @@ def test_in_process_trainer_keeps_the_base_loaded_and_trains_the_bytes_of_a_cold
 
 def _weights(files: dict[str, bytes]):
     """Stored weights as a rollout backend receives them (the HF backend reads only the payload)."""
-    from dagster_rl.lm.policy import checkpoint_hash, read_state
-    from dagster_rl.store import ArtifactRef
-    from dagster_rl.task import Weights
+    from dagster_rl.tasks.lm.model.policy import checkpoint_hash, read_state
+    from dagster_rl.store.artifact_store import ArtifactRef
+    from dagster_rl.core.task import Weights
 
     ref = ArtifactRef(kind="weights", key="0" * 64, content_hash=checkpoint_hash(files), uri="memory://")
     return Weights("test", ref, files, read_state(files)["version"])
 
 
 def test_generation_recycles_loaded_policies_into_the_bytes_of_fresh_ones(tiny_dir, monkeypatch):
-    from dagster_rl.lm.backends import HFRollouts
-    from dagster_rl.lm.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step
-    from dagster_rl.lm.records import plan_requests
+    from dagster_rl.tasks.lm.backends import HFRollouts
+    from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step
+    from dagster_rl.tasks.lm.records import plan_requests
 
     exp = _experiment(tiny_dir)
     policy = fresh_policy(tiny_dir)
@@ -162,7 +162,7 @@ def test_sampling_folds_the_adapter_into_copies_and_puts_the_base_back_bit_for_b
     policy.mode(training=True)  # a training model is never folded (dropout, if any, acts on the adapter)
     with policy.merged() as model:
         assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
-    from dagster_rl.lm.policy import load_policy
+    from dagster_rl.tasks.lm.model.policy import load_policy
     from tests.lm_fixtures import policy_settings
 
     bf16 = load_policy(policy_settings(tiny_dir).model_copy(update={"dtype": "bfloat16"}), checkpoint_bytes(policy, None))
@@ -175,9 +175,9 @@ def test_a_lora_rank_above_the_models_hidden_size_is_refused_when_it_loads(tiny_
     """Finding 5 of issue 20: sizes multiply (rank x hidden); the file's bound (16,384) cannot know the model."""
     import pytest
 
-    from dagster_rl.errors import DagsterRLError
-    from dagster_rl.lm.policy import load_policy
-    from dagster_rl.lm.settings import LoRASettings, PolicySettings
+    from dagster_rl.core.errors import DagsterRLError
+    from dagster_rl.tasks.lm.model.policy import load_policy
+    from dagster_rl.tasks.lm.settings import LoRASettings, PolicySettings
 
     settings = PolicySettings(base_model=str(tiny_dir), lora=LoRASettings(rank=65, alpha=65.0))
     with pytest.raises(DagsterRLError, match="policy.lora.rank 65 is more than the base model's hidden size 64: .* at most 64"):

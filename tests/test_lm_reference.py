@@ -4,11 +4,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dagster_rl.lm.policy import checkpoint_bytes, make_optimizer, save_checkpoint
-from dagster_rl.lm.reference import adapter_reference, base_reference
-from dagster_rl.lm.settings import GRPOLMSettings
-from dagster_rl.lm.trainer import TrainMetrics, build_samples, train_step
-from dagster_rl.lm.worker import GRADS, METRICS, TrainBatch, TrainJob, launch_torchrun, write_job
+from dagster_rl.tasks.lm.model.policy import checkpoint_bytes, make_optimizer, save_checkpoint
+from dagster_rl.tasks.lm.train.reference import adapter_reference, base_reference
+from dagster_rl.tasks.lm.settings import GRPOLMSettings
+from dagster_rl.tasks.lm.train.trainer import TrainMetrics, build_samples, train_step
+from dagster_rl.tasks.lm.train.entrypoint import GRADS, METRICS, TrainBatch, TrainJob, launch_torchrun, write_job
 from tests.lm_fixtures import EPS32, GRPO, ON_POLICY_ROUNDING, assert_within_summation_bound, fresh_policy, gradient_terms, policy_settings, positions, run, step_batch, tiny_dir  # noqa: F401
 
 KL_GRPO = GRPOLMSettings(**{**GRPO.model_dump(), "kl_beta": 0.5})

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from dagster_rl.lm.logprobs import completion_logprobs, token_logprobs
-from dagster_rl.lm.policy import make_optimizer
-from dagster_rl.lm.records import plan_requests
-from dagster_rl.lm.rollout_hf import generate_rollouts
-from dagster_rl.lm.sampling import choose_token, choose_tokens, generate, uniforms
-from dagster_rl.lm.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step
-from dagster_rl.lm.trainer import build_samples, train_step
+from dagster_rl.tasks.lm.model.logprobs import completion_logprobs, token_logprobs
+from dagster_rl.tasks.lm.model.policy import make_optimizer
+from dagster_rl.tasks.lm.records import plan_requests
+from dagster_rl.tasks.lm.rollout.hf import generate_rollouts
+from dagster_rl.tasks.lm.rollout.sampling import choose_token, choose_tokens, generate, uniforms
+from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step
+from dagster_rl.tasks.lm.train.trainer import build_samples, train_step
 from tests.lm_fixtures import GRPO, SAMPLING, fresh_policy, step_batch, tiny_dir  # noqa: F401
 
 # float32 log-probs of the same tokens from two computations (a KV-cache decode in one batch, another

@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dagster_rl.errors import DagsterRLError
-from dagster_rl.lm import packaged
-from dagster_rl.lm.policy import load_base
+from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.tasks.lm.model import packaged
+from dagster_rl.tasks.lm.model.policy import load_base
 from tests.lm_fixtures import subprocess_env
 from tests.smollm2 import SMOLLM2, require_smollm2, smollm2_dir  # noqa: F401
 
@@ -48,7 +48,7 @@ PROVISION = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from dagster_rl.lm import packaged
+    from dagster_rl.tasks.lm import packaged
 
     gguf, cache = Path(sys.argv[1]), Path(sys.argv[2])
     packaged.gguf_path = lambda name: gguf

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from dagster import AssetKey, BackfillPolicy
 
-from dagster_rl import counters
-from dagster_rl.errors import ExperimentError
+from dagster_rl.core import counters
+from dagster_rl.core.errors import ExperimentError
 from tests.conftest import demo_settings, shipped_settings
 from tests.harness import failure_message
 from tests.lm_fixtures import ON_POLICY_ROUNDING, tiny_dir  # noqa: F401
@@ -98,7 +98,7 @@ def test_the_kl_reference_is_the_base_or_the_warmup(lab):
 
 
 def test_kl_reference_sft_needs_a_warmup(tmp_path):
-    from dagster_rl.experiment_files import load_experiments
+    from dagster_rl.core.experiment_files import load_experiments
     from tests.conftest import write_experiments
 
     raw = shipped_settings("tiny_grpo", grpo={"kl_reference": "sft"})
@@ -119,9 +119,9 @@ def test_a_warmup_asking_for_more_demonstrations_than_training_prompts_fails_cle
 def test_a_warmup_with_a_target_accuracy_stops_at_the_first_check_that_reaches_it(tiny_dir):
     """Checked every `check_every` steps on training prompts that are not demonstrations (never a
     held-out one); it stops at the first check that reaches the target, or runs all its steps."""
-    from dagster_rl.lm.prompts import SyntheticPrompts, load_prompt_set
-    from dagster_rl.lm.settings import WarmupSettings
-    from dagster_rl.lm.warmup import warm_up
+    from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts, load_prompt_set
+    from dagster_rl.tasks.lm.settings import WarmupSettings
+    from dagster_rl.tasks.lm.train.warmup import warm_up
     from tests.lm_fixtures import fresh_policy
 
     prompts = load_prompt_set(SyntheticPrompts(ops=("last",), n_eval=100))
@@ -144,7 +144,7 @@ def test_a_warmup_with_a_target_accuracy_stops_at_the_first_check_that_reaches_i
     _, stats = warm_up(fresh_policy(tiny_dir), prompts.train, prompts.template, never, seed=0, check=lambda p, items: 0.0)
     assert len(stats.losses) == 12 and [s for s, _ in stats.checks] == [5, 10]
     # too few training prompts left to check on: a clear error
-    from dagster_rl.lm.warmup import WarmupError
+    from dagster_rl.tasks.lm.train.warmup import WarmupError
 
     greedy = settings.model_copy(update={"check_prompts": len(prompts.train)})
     with pytest.raises(WarmupError, match="lower warmup.check_prompts or warmup.demos"):

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 import pytest
 from pydantic import ValidationError
 
-from dagster_rl.checks import on_policy
-from dagster_rl.lm.backends import HFRollouts, LMTrainer
-from dagster_rl.lm.experiment import LMExperiment
-from dagster_rl.lm.loop import LMLoop
-from dagster_rl.rubric_judge import RubricJudge
-from dagster_rl.lm.rewards import score
-from dagster_rl.store import ArtifactStore
-from dagster_rl.task import Backends
+from dagster_rl.core.checks import on_policy
+from dagster_rl.tasks.lm.backends import HFRollouts, LMTrainer
+from dagster_rl.tasks.lm.experiment import LMExperiment
+from dagster_rl.tasks.lm.loop import LMLoop
+from dagster_rl.judges.rubric_judge import RubricJudge
+from dagster_rl.tasks.lm.rewards import score
+from dagster_rl.store.artifact_store import ArtifactStore
+from dagster_rl.core.task import Backends
 from tests.conftest import shipped_settings
 
 

@@ -4,7 +4,7 @@ never answered showed as "generating")."""
 import re
 import time
 
-from dagster_rl.progress import Progress
+from dagster_rl.core.progress import Progress
 
 
 def test_a_step_whose_trials_are_all_generated_says_judging_while_judgements_are_out():

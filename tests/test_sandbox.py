@@ -2,15 +2,15 @@
 
 from concurrent.futures import ThreadPoolExecutor
 
-from dagster_rl.secret_search.records import TrialSpec
-from dagster_rl.secret_search.agent import run_agent
-from dagster_rl.secret_search.judge import judge, verify
-from dagster_rl.secret_search.world import DIGEST_PREFIX, build_world, secret_digest, secret_doc
-from dagster_rl.secret_search.experiment import Rubric
-from dagster_rl.secret_search.loop import ensure_worlds
-from dagster_rl.store import ArtifactStore
+from dagster_rl.tasks.secret_search.records import TrialSpec
+from dagster_rl.tasks.secret_search.agent import run_agent
+from dagster_rl.tasks.secret_search.judge import judge, verify
+from dagster_rl.tasks.secret_search.world import DIGEST_PREFIX, build_world, secret_digest, secret_doc
+from dagster_rl.tasks.secret_search.experiment import Rubric
+from dagster_rl.tasks.secret_search.loop import ensure_worlds
+from dagster_rl.store.artifact_store import ArtifactStore
 from tests.conftest import demo_settings
-from dagster_rl.experiment_files import parse_experiment
+from dagster_rl.core.experiment_files import parse_experiment
 
 
 def test_world_holds_the_digest_in_exactly_one_document_and_never_the_secret():
@@ -56,8 +56,8 @@ def test_a_sandbox_root_that_cannot_hold_sandboxes_is_refused_naming_the_path(tm
     """Finding 7 of issue 20: a sandbox_root that was a file (or read-only) gave an OSError naming no path."""
     import pytest
 
-    from dagster_rl.errors import SandboxError
-    from dagster_rl.secret_search.backends import SandboxRollouts
+    from dagster_rl.core.errors import SandboxError
+    from dagster_rl.tasks.secret_search.backends import SandboxRollouts
 
     a_file = tmp_path / "a_file"
     a_file.write_text("not a folder")

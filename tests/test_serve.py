@@ -21,20 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dagster_rl.lm.policy import ADAPTER, ADAPTER_CONFIG, checkpoint_bytes, load_policy, save_checkpoint
-from dagster_rl.lm.serve import (
-    APIError,
-    App,
-    BatchCancelled,
-    Batcher,
-    CompletionRequest,
-    CompletionResult,
-    Engine,
-    add_arguments,
-    parse_completion_request,
-)
-from dagster_rl.lm.settings import LoRASettings, PolicySettings
-from dagster_rl.vllm_client import ServerSampling, VLLMClient
+from dagster_rl.tasks.lm.model.policy import ADAPTER, ADAPTER_CONFIG, checkpoint_bytes, load_policy, save_checkpoint
+from dagster_rl.tasks.lm.serve.app import APIError, App, BatchCancelled, Batcher, CompletionRequest, CompletionResult, Engine, add_arguments, parse_completion_request
+from dagster_rl.tasks.lm.settings import LoRASettings, PolicySettings
+from dagster_rl.inference.vllm_client import ServerSampling, VLLMClient
 from tests.serve_process import ServeProcess, post
 
 TINY = "builtin:tiny-qwen2"

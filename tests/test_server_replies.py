@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from dagster_rl.lm.records import LMRollout
-from dagster_rl.records import Rollouts
-from dagster_rl.vllm_client import ServerReplyError, ServerSampling, parse_completion
+from dagster_rl.tasks.lm.records import LMRollout
+from dagster_rl.core.records import Rollouts
+from dagster_rl.inference.vllm_client import ServerReplyError, ServerSampling, parse_completion
 from resources import RolloutEnvironment
 from tests.bad_rollout_server import CorruptingProxy, logprobs_of
 from tests.harness import failure_message
@@ -233,12 +233,12 @@ def test_the_adapter_folder_holds_the_bytes_the_run_read_or_is_refused_or_rewrit
     following links and must hold the bytes the run read through the store. Under adapter_dir the
     copy is checked the same way, and rewritten when it differs or is a link (the link's target is
     never touched); a link in place of adapter_dir's experiment folder is refused."""
-    from dagster_rl.lm.experiment import LMExperiment
-    from dagster_rl.lm.loop import LMLoop
-    from dagster_rl.lm.policy import ADAPTER, ADAPTER_CONFIG
-    from dagster_rl.lm.rollout_server import RolloutServerError, ServerRollouts
-    from dagster_rl.store import ArtifactStore
-    from dagster_rl.task import Endpoint
+    from dagster_rl.tasks.lm.experiment import LMExperiment
+    from dagster_rl.tasks.lm.loop import LMLoop
+    from dagster_rl.tasks.lm.model.policy import ADAPTER, ADAPTER_CONFIG
+    from dagster_rl.tasks.lm.rollout.openai_client import RolloutServerError, ServerRollouts
+    from dagster_rl.store.artifact_store import ArtifactStore
+    from dagster_rl.core.task import Endpoint
 
     exp = LMExperiment.model_validate(small())
     store = ArtifactStore(f"file://{tmp_path}/artifacts")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dagster_rl.store import DATA, ArtifactStore
+from dagster_rl.store.artifact_store import DATA, ArtifactStore
 from resources import JudgeEnvironment
 from resources.run_launcher import process_alive, run_worker_pid, step_worker_pids
 from tests.conftest import demo_settings, new_dagster_home, write_experiments
@@ -233,7 +233,7 @@ def test_a_sigkilled_run_worker_is_failed_by_the_daemon_and_retried_from_the_fir
     detected = [m for m in messages if f"run worker process {worker} is gone" in m or "terminated by signal 9" in m]
     assert detected, messages
     # The orphaned step process (the driver) does not outlive its run worker: it dies with its parent
-    # (dagster_rl.lifetime); one that did not would be killed by the launcher when its health check
+    # (dagster_rl.runtime.lifetime); one that did not would be killed by the launcher when its health check
     # finds the worker gone, or before it launches the retry (tests/test_run_launcher.py).
     assert not process_alive(step_worker), f"orphaned driver process {step_worker} still running"
     print(f"kill -> retry finished in {time.monotonic() - killed_at:.1f} s; detected by: {detected}")

@@ -1,6 +1,6 @@
 """A third task, registered from this test alone: a multi-armed bandit with a fixed payout table.
 
-It is what a new task's author writes after reading `dagster_rl/task.py`, and nothing else of the
+It is what a new task's author writes after reading `dagster_rl/core/task.py`, and nothing else of the
 generic layer changes: an experiment class, a loop, a scorer, a rollout and a trainer backend,
 and one `register(...)` call. It then runs through the real driver like the shipped tasks.
 """
@@ -9,15 +9,15 @@ import math
 import random
 from typing import Literal
 
-from dagster_rl.advantages import group_normalized_advantages
-from dagster_rl.checks import step_checks, weights_finite
-from dagster_rl.experiment import Experiment, Strict, step_key
-from dagster_rl.hashing import cache_key, canonical_json, seed_of
-from dagster_rl.records import STATS, Record, Rewards, Rollouts, TrainedFrom
-from dagster_rl.retries import Limits
-from dagster_rl.steps import Judged, mean, rewards_key, step_rewards, trained_from, trial_set, weights_key
-from dagster_rl.store import DATA, ArtifactStore
-from dagster_rl.task import Backends, StepResult, Task, Weights, register
+from dagster_rl.core.advantages import group_normalized_advantages
+from dagster_rl.core.checks import step_checks, weights_finite
+from dagster_rl.core.experiment import Experiment, Strict, step_key
+from dagster_rl.core.hashing import cache_key, canonical_json, seed_of
+from dagster_rl.core.records import STATS, Record, Rewards, Rollouts, TrainedFrom
+from dagster_rl.core.retries import Limits
+from dagster_rl.core.steps import Judged, mean, rewards_key, step_rewards, trained_from, trial_set, weights_key
+from dagster_rl.store.artifact_store import DATA, ArtifactStore
+from dagster_rl.core.task import Backends, StepResult, Task, Weights, register
 from tests.harness import CHAIN
 
 

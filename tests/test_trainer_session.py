@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from dagster_rl import counters
-from dagster_rl.lifetime import children, identity
-from dagster_rl.lm.session import ENDED, JOBS, STOP, SessionSpec, create_folder
-from dagster_rl.experiment_files import parse_experiment
-from dagster_rl.lm.backends import LMTrainer, subprocess_launch
-from dagster_rl.lm.policy import checkpoint_bytes, load_policy
-from dagster_rl.lm.worker import serve
-from dagster_rl.retries import AttemptsExhausted, Limits
-from dagster_rl.workers import ProcessWorkers, WorkersGone
+from dagster_rl.core import counters
+from dagster_rl.runtime.lifetime import children, identity
+from dagster_rl.tasks.lm.train.session import ENDED, JOBS, STOP, SessionSpec, create_folder
+from dagster_rl.core.experiment_files import parse_experiment
+from dagster_rl.tasks.lm.backends import LMTrainer, subprocess_launch
+from dagster_rl.tasks.lm.model.policy import checkpoint_bytes, load_policy
+from dagster_rl.tasks.lm.train.entrypoint import serve
+from dagster_rl.core.retries import AttemptsExhausted, Limits
+from dagster_rl.runtime.workers import ProcessWorkers, WorkersGone
 from resources import PipesTorchrunLauncher, TrainerEnvironment
 from resources.run_launcher import process_alive, step_worker_pids
 from tests.conftest import REPO, SESSION_STEPS, session_settings
@@ -98,7 +98,7 @@ def worker_processes(root: int) -> dict[int, dict[str, str]]:
             environ = dict(e.split("=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0") if "=" in e)
         except OSError:
             continue
-        if b"dagster_rl.lm.worker" in cmdline:
+        if b"dagster_rl.tasks.lm.train.entrypoint" in cmdline:
             found[pid] = {**environ, "_cmdline": " ".join(c.decode() for c in cmdline)}
     return found
 
@@ -232,7 +232,7 @@ def test_workers_stop_when_told_when_idle_and_when_their_driver_is_gone(tmp_path
 
 def alone(command: list[str]) -> list[str]:
     """The worker of a torchrun command without torchrun: one process, no process group."""
-    return [sys.executable, "-m", "dagster_rl.lm.worker", command[-1]]
+    return [sys.executable, "-m", "dagster_rl.tasks.lm.train.entrypoint", command[-1]]
 
 
 def start_alone(command: list[str], env: dict[str, str]) -> ProcessWorkers:
@@ -287,10 +287,10 @@ def test_the_session_folder_of_a_killed_driver_is_removed_by_the_next_driver_on_
     removes every folder whose owner, on this host, is gone, and no other."""
     import socket
 
-    from dagster_rl.lm.session import OWNER
+    from dagster_rl.tasks.lm.train.session import OWNER
 
     gone = subprocess.run(
-        [sys.executable, "-c", "from dagster_rl.lifetime import identity; print(identity())"], cwd=REPO, capture_output=True, text=True, check=True
+        [sys.executable, "-c", "from dagster_rl.runtime.lifetime import identity; print(identity())"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.strip()
     host = socket.gethostname()
     owners = {"killed": f"{host} {gone}", "running": f"{host} {identity()}", "elsewhere": f"another-host {gone}", "unowned": None}

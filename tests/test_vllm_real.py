@@ -23,21 +23,21 @@ import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 
-from dagster_rl.http_json import JSONEndpoint
-from dagster_rl.lm.experiment import LMExperiment
-from dagster_rl.lm.loop import LMLoop
-from dagster_rl.lm.policy import ADAPTER, load_policy, save_checkpoint
-from dagster_rl.lm.prompts import load_prompt_set, prompts_for_step
-from dagster_rl.lm.records import LMRollout, plan_requests
-from dagster_rl.lm.rollout_server import RolloutServerError
-from dagster_rl.retries import Limits
-from dagster_rl.store import ArtifactStore
-from dagster_rl.task import RolloutEnv, task_of
-from dagster_rl.lm.settings import LoRASettings, PolicySettings
-from dagster_rl.lm.tiny import save_tiny_model
-from dagster_rl.records import Rollouts
-from dagster_rl.server_process import ServerStartError, vllm_cpu_command
-from dagster_rl.vllm_client import NEUTRAL_SAMPLING, VLLM_VERSION, ServerSampling, VLLMClient, completion_body
+from dagster_rl.inference.http_json import JSONEndpoint
+from dagster_rl.tasks.lm.experiment import LMExperiment
+from dagster_rl.tasks.lm.loop import LMLoop
+from dagster_rl.tasks.lm.model.policy import ADAPTER, load_policy, save_checkpoint
+from dagster_rl.tasks.lm.data.prompts import load_prompt_set, prompts_for_step
+from dagster_rl.tasks.lm.records import LMRollout, plan_requests
+from dagster_rl.tasks.lm.rollout.openai_client import RolloutServerError
+from dagster_rl.core.retries import Limits
+from dagster_rl.store.artifact_store import ArtifactStore
+from dagster_rl.core.task import RolloutEnv, task_of
+from dagster_rl.tasks.lm.settings import LoRASettings, PolicySettings
+from dagster_rl.tasks.lm.model.tiny import save_tiny_model
+from dagster_rl.core.records import Rollouts
+from dagster_rl.inference.server_process import ServerStartError, vllm_cpu_command
+from dagster_rl.inference.vllm_client import NEUTRAL_SAMPLING, VLLM_VERSION, ServerSampling, VLLMClient, completion_body
 from resources import RolloutEnvironment
 from tests.conftest import REPO, shipped_settings
 from tests.harness import failure_message
@@ -289,7 +289,7 @@ def test_temperature_0_7_is_on_policy_with_processed_logprobs(vllm, lab):
 def test_a_request_that_leaves_fields_to_the_server_fails_the_step_and_its_rollouts_are_sampled_again(vllm, lab, monkeypatch):
     """A client that sends only what the experiment names (an older one) gets the folder's top_k 20,
     repetition_penalty 1.05 and eos list: the on_policy check stops the step, naming the causes."""
-    from dagster_rl import counters
+    from dagster_rl.core import counters
 
     off = lab("off", experiment(vllm.model, name="vllm_off"), rollout=vllm.shared())
     monkeypatch.setattr(ServerSampling, "fields", lambda s: {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens})
@@ -351,7 +351,7 @@ def test_dagster_rl_serve_answers_the_same_requests_as_vllm(vllm, tmp_path):
         for n, p in policy.trainable():
             if "lora_B" in n:
                 p.normal_(0.0, 0.2)  # an adapter that changes the model
-    from dagster_rl.lm.policy import checkpoint_bytes
+    from dagster_rl.tasks.lm.model.policy import checkpoint_bytes
 
     adapter = str(save_checkpoint(tmp_path / "adapter", checkpoint_bytes(policy, None)))
     prompts = [[3, 9, 11, 4], [5, 7, 2], [12, 13, 14, 15, 16]]

@@ -1,13 +1,13 @@
 """The shipped SmolLM2 experiment with `rollout: {backend: openai_server}` on a real vLLM (CPU build),
-started the way a run starts it, with the command `dagster_rl.lm.vllm_serving` derives from the
+started the way a run starts it, with the command `dagster_rl.tasks.lm.rollout.vllm_serving` derives from the
 experiment (the converted folder served under its `builtin:` name, --max-lora-rank, --max-model-len
 1024): two steps at a tiny batch are on-policy in float32 (max |logp_trainer - logp_vllm| <= 1e-3),
 and step 0001 samples with the adapter of step 0000 loaded as its own version."""
 
 import re
 
-from dagster_rl.lm.experiment import LMExperiment
-from dagster_rl.lm.vllm_serving import vllm_command_for
+from dagster_rl.tasks.lm.experiment import LMExperiment
+from dagster_rl.tasks.lm.rollout.vllm_serving import vllm_command_for
 from resources import RolloutEnvironment
 from tests.conftest import new_dagster_home, shipped_settings, write_experiments
 from tests.harness import failure_message, open_lab

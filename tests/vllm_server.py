@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from dagster_rl.lm.tiny import save_tiny_model
-from dagster_rl.server_process import vllm_cpu_command
-from dagster_rl.vllm_client import VLLMClient
+from dagster_rl.tasks.lm.model.tiny import save_tiny_model
+from dagster_rl.inference.server_process import vllm_cpu_command
+from dagster_rl.inference.vllm_client import VLLMClient
 from resources import RolloutEnvironment
 from tests.postgres import in_ci
 from tests.servers import REPO, free_port

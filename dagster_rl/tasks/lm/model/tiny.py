@@ -1,0 +1,181 @@
+"""A tiny causal LM built in code: what the tests and the CPU example train.
+
+`save_tiny_model(dir)` writes a normal Hugging Face model folder (config, safetensors, tokenizer
+files) that `AutoModelForCausalLM.from_pretrained(dir)` and `AutoTokenizer.from_pretrained(dir)`
+load, so the tiny model goes through exactly the code path a real base model does. The weights are a
+pure function of the seed.
+
+The tokenizer is a real Qwen2 byte-level BPE whose vocabulary is the specials, the digits and the
+words of the synthetic task (68 tokens), trained in code on those words. (transformers 5 loads every
+`qwen2` model folder with `Qwen2Tokenizer` whatever `tokenizer_config.json` names, so a WordLevel
+tokenizer would be silently replaced; a BPE that Qwen2Tokenizer rebuilds exactly is what survives.)
+Digits are always single tokens, and decoding gives back the text exactly ("12" stays "12").
+
+Built-in models, by name (`builtin:<name>`; what a name builds never changes, since machines cache
+the folder by name): `tiny-qwen2` (the 68-token vocabulary above, hidden 64, 2 layers, no chat
+template), `tiny-qwen2-gsm8k` for the GSM8K-format word problems of `lm.word_problems`: every
+byte plus each word of their vocabulary as one token, ChatML special tokens and a chat template
+(`<|im_start|>user ... <|im_end|>`, eos `<|im_end|>`), hidden 64, 2 layers; and `tiny-qwen2-vllm`,
+a model a real vLLM serves on the CPU: `tiny-qwen2`'s tokenizer, hidden 128 with 4 heads (head size
+32: vLLM's CPU attention runs 32, 64, 80, ... and not 16), and the sampling defaults a real model
+folder carries in its `generation_config.json`: Qwen2.5-Instruct's (`QWEN25_INSTRUCT_SAMPLING`,
+with two eos ids), which a server must not apply to rollouts the trainer scores.
+"""
+
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
+from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
+
+from dagster_rl.tasks.lm.model.build import building
+from dagster_rl.tasks.lm.model.cache import model_cache_dir
+from dagster_rl.tasks.lm.model.packaged import PACKAGED, provision
+
+PAD, EOS = "<pad>", "<eos>"
+DIGITS = tuple(str(d) for d in range(10))
+WORDS = ("copy", "last", "what", "is", "the", "answer", "+", "-", "=", "?", ":", ".", ",", "####")
+
+
+def tiny_tokenizer() -> Qwen2Tokenizer:
+    """Byte-level BPE over the task's words, each word (and each word after a space) one token."""
+    vocab, merges = _bpe([*WORDS, *(f" {w}" for w in WORDS), *DIGITS, " "], [PAD, EOS], byte_alphabet=False)
+    return Qwen2Tokenizer(vocab=vocab, merges=merges, eos_token=EOS, pad_token=PAD, unk_token=None)
+
+
+def _bpe(corpus: list[str], special_tokens: list[str], byte_alphabet: bool) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """(vocab, merges) of a byte-level BPE trained on `corpus` until every string of it is one token."""
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    alphabet = pre_tokenizers.ByteLevel.alphabet() if byte_alphabet else []
+    trainer = trainers.BpeTrainer(
+        vocab_size=4000, min_frequency=1, special_tokens=special_tokens, initial_alphabet=alphabet, show_progress=False
+    )
+    bpe.train_from_iterator(corpus, trainer=trainer)
+    model = json.loads(bpe.to_str())["model"]
+    return model["vocab"], [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+
+
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def gsm8k_tokenizer() -> Qwen2Tokenizer:
+    """Every byte, plus each word of the word problems (bare and after a space) as one token, and a
+    ChatML chat template whose turns end with the eos token `<|im_end|>`."""
+    from dagster_rl.tasks.lm.data.word_problems import vocabulary
+
+    words = [*vocabulary(), "user", "assistant", "system"]
+    corpus = [*words, *(f" {w}" for w in words), *DIGITS, " ", "\n", ".\n", "?\n", " ?", " ."]
+    vocab, merges = _bpe(corpus, [PAD, IM_START, IM_END], byte_alphabet=True)
+    tok = Qwen2Tokenizer(vocab=vocab, merges=merges, eos_token=IM_END, pad_token=PAD, unk_token=None)
+    tok.add_special_tokens({"additional_special_tokens": [IM_START]})
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def tiny_config(vocab_size: int, pad_id: int, eos_id: int, hidden: int = 64, layers: int = 2) -> Qwen2Config:
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=None,
+        use_cache=True,
+    )
+
+
+# The sampling defaults of Qwen2.5-Instruct's generation_config.json (its eos ids are its own vocabulary's).
+QWEN25_INSTRUCT_SAMPLING = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """A model built in code: its tokenizer, its size, the seed of its random weights, and the
+    sampling defaults its generation_config.json carries (None: transformers' own file)."""
+
+    tokenizer: Callable[[], Qwen2Tokenizer]
+    seed: int = 0
+    hidden: int = 64
+    layers: int = 2
+    generation: dict | None = None
+
+
+BUILTINS = {
+    "tiny-qwen2": Builtin(tiny_tokenizer),
+    "tiny-qwen2-gsm8k": Builtin(gsm8k_tokenizer),
+    "tiny-qwen2-vllm": Builtin(tiny_tokenizer, hidden=128, generation=QWEN25_INSTRUCT_SAMPLING),
+}
+
+
+def tiny_model(seed: int = 0, builtin: str = "tiny-qwen2") -> PreTrainedModel:
+    """Random weights drawn from `seed` alone; the global RNG is left as it was."""
+    spec = BUILTINS[builtin]
+    tok = spec.tokenizer()
+    config = tiny_config(len(tok), tok.pad_token_id, tok.eos_token_id, hidden=spec.hidden, layers=spec.layers)
+    with building(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.eval()
+
+
+def save_tiny_model(directory: Path | str, seed: int = 0, builtin: str = "tiny-qwen2") -> Path:
+    """Write a built-in model and its tokenizer as a Hugging Face model folder; return the folder."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    spec = BUILTINS[builtin]
+    tiny_model(seed, builtin).save_pretrained(directory, safe_serialization=True)
+    tok = spec.tokenizer()
+    tok.save_pretrained(directory)
+    if spec.generation is not None:  # as a real model folder has it: sampling defaults, and two eos ids (eos, then pad)
+        generation = {**spec.generation, "eos_token_id": [tok.eos_token_id, tok.pad_token_id], "pad_token_id": tok.pad_token_id}
+        (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    return directory
+
+
+BUILTIN_PREFIX = "builtin:"
+
+
+def resolve_model(name: str) -> str:
+    """`builtin:tiny-qwen2` -> a model folder built in code once per machine; anything else as given.
+
+    Experiments and checkpoints keep the logical name, so artifact keys do not depend on where a
+    machine keeps its model cache.
+    """
+    if not name.startswith(BUILTIN_PREFIX):
+        return name
+    builtin = name[len(BUILTIN_PREFIX) :]
+    if builtin in PACKAGED:  # a pretrained model that ships in a package, converted once
+        return str(provision(builtin, model_cache_dir()))
+    if builtin not in BUILTINS:
+        raise ValueError(f"no built-in model {builtin!r}; built-in models: {', '.join([*BUILTINS, *PACKAGED])}")
+    folder = model_cache_dir() / builtin
+    if not (folder / "config.json").exists():
+        tmp = Path(tempfile.mkdtemp(prefix=f".{builtin}-", dir=folder.parent if folder.parent.exists() else None))
+        save_tiny_model(tmp, BUILTINS[builtin].seed, builtin)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            tmp.rename(folder)
+        except OSError:  # another process built it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(folder)

@@ -1,0 +1,212 @@
+"""One GRPO update of the adapter over a batch of samples, in one process or data-parallel.
+
+Each rank holds a shard of the samples (maybe none) and packs it into right-padded micro-batches of
+at most `grpo.micro_batch_tokens` padded tokens (a longer sample is a micro-batch of its own). Per
+micro-batch: the reference log-probs in one no-grad forward (all of them under one
+`Policy.adapter_disabled()`), the policy's in one forward with grad, the GRPO loss of its samples scaled by
+world_size / total_samples, one backward. DDP averages gradients over ranks, so the synchronized
+gradient is (1/N) sum_i grad loss_i over all N samples: the single-process, per-sample gradient up
+to float rounding, whatever the micro-batches. Micro-batch backwards run inside `no_sync()` (local
+accumulation, no collective, each graph freed at once); then every rank, empty shard or not, runs
+exactly ONE forward of one token through the DDP module, scaled by 0.0, and its backward: the one
+all-reduce. The collective count is the same on every rank by construction.
+"""
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from dagster_rl.core.advantages import group_normalized_advantages, groups_with_signal
+from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.core.hashing import seed_of
+from dagster_rl.tasks.lm.train.grpo_loss import grpo_batch_loss
+from dagster_rl.tasks.lm.model.logprobs import PackedBatch, pack, packed_logprobs
+from dagster_rl.tasks.lm.model.policy import Policy
+from dagster_rl.tasks.lm.rewards import LMReward
+from dagster_rl.tasks.lm.records import LMRollout
+from dagster_rl.tasks.lm.settings import GRPOLMSettings
+from dagster_rl.core.records import Record
+
+
+OldLogp = Literal["sampler", "trainer"]  # the ratio's old policy (see `train_step`)
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    trial_id: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    old_logp: list[float]
+    temperature: float
+    advantage: float
+
+
+class TrainMetrics(Record):
+    version: int  # of the adapter this step produced
+    loss: float  # mean over samples
+    ratio: float  # mean over samples of the token mean
+    kl: float
+    clip_frac: float
+    ratio_max_dev: float  # max over the step's tokens of |ratio - 1|: 0 on-policy (old = the trainer's own), the lag's drift off it
+    logp_max_dev: float  # max over the step's tokens of |trainer's log-prob - sampler's| before the update (on_policy)
+    logp_mean_dev: float  # mean over the step's tokens of (trainer's log-prob - sampler's): a bias, where there is one
+    grad_norm: float  # before clipping
+    samples_used: int
+    groups: int
+    groups_with_signal: int
+    mean_reward: float
+    world_size: int
+
+
+def build_samples(rollouts: Sequence[LMRollout], rewards: Sequence[LMReward], advantage_eps: float) -> tuple[list[TrainSample], dict[str, float]]:
+    """Samples sorted by trial id, advantages normalized within each (step, prompt) group.
+
+    Rollouts without a reward (skipped trials) are left out; a group whose rewards are all equal
+    gets advantage 0 and still counts in the KL term. Returns the samples and batch facts.
+    """
+    by_trial = {r.trial_id: r for r in rewards}
+    used = sorted((r for r in rollouts if r.trial_id in by_trial and r.completion_token_ids), key=lambda r: r.trial_id)
+    if not used:
+        raise DagsterRLError(
+            f"no rollout has a reward ({len(rollouts)} rollouts, {len(rewards)} rewards): the trainer has nothing "
+            "to learn from. Check that the rewards were computed for these rollouts."
+        )
+    groups = [(r.step, r.prompt) for r in used]
+    values = [by_trial[r.trial_id].reward for r in used]
+    adv = group_normalized_advantages(groups, values, advantage_eps)
+    samples = [
+        TrainSample(r.trial_id, r.prompt_token_ids, r.completion_token_ids, r.sampling_logprobs, r.temperature, a)
+        for r, a in zip(used, adv)
+    ]
+    facts = {
+        "groups": float(len(set(groups))),
+        "groups_with_signal": float(groups_with_signal(groups, adv)),
+        "mean_reward": sum(values) / len(values),
+    }
+    return samples, facts
+
+
+def shard(samples: Sequence[TrainSample], rank: int, world_size: int) -> list[TrainSample]:
+    """Rank r takes samples r, r + W, r + 2W, ...: a shard is empty when there are fewer samples than ranks."""
+    return list(samples[rank::world_size])
+
+
+def micro_batches(samples: Sequence[TrainSample], budget: int) -> list[list[int]]:
+    """Indices of `samples` grouped into micro-batches of at most `budget` padded tokens (rows x the
+    longest sequence), shortest sequences first so that rows of a batch are alike; a sequence longer
+    than the budget is a batch of its own. A pure function of the samples: the same plan packs the same."""
+    order = sorted(range(len(samples)), key=lambda i: (len(samples[i].prompt_ids) + len(samples[i].completion_ids), i))
+    batches: list[list[int]] = []
+    for i in order:
+        length = len(samples[i].prompt_ids) + len(samples[i].completion_ids)  # the longest so far: sorted
+        if batches and (len(batches[-1]) + 1) * length <= budget:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def _pack(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -> tuple[PackedBatch, torch.Tensor, torch.Tensor]:
+    """The micro-batch, its behavior log-probs (B, C) padded with 0, and its advantages (B,)."""
+    batch = pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], [s.temperature for s in samples], pad_id, device)
+    old = torch.zeros(batch.completion_mask.shape, dtype=torch.float32)
+    for row, s in enumerate(samples):
+        old[row, : len(s.old_logp)] = torch.tensor(s.old_logp, dtype=torch.float32)
+    return batch, old.to(device), torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device)
+
+
+def train_step(
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    samples: Sequence[TrainSample],
+    total_samples: int,
+    grpo: GRPOLMSettings,
+    facts: dict[str, float],
+    ddp: torch.nn.parallel.DistributedDataParallel | None = None,
+    on_grads: Callable[[dict[str, torch.Tensor]], None] | None = None,
+    reference: Callable[[], AbstractContextManager] | None = None,
+    old_logp: OldLogp = "sampler",
+) -> TrainMetrics:
+    """Update the policy's adapter in place over this rank's `samples`; bump its version.
+
+    `on_grads` sees the synchronized gradients before clipping (the debug dump). With `ddp`, every
+    rank must call this once, with the same `total_samples`. `reference` switches the model to the
+    KL term's reference policy (`lm.reference`); default: the base, adapter disabled. `old_logp`:
+    the ratio's old policy: the log-probs the sampler recorded (`sampler`: the behavior policy of
+    stale rollouts), or the trainer's own, detached (`trainer`: for rollouts the policy being trained
+    sampled, so that the update does not depend on the sampler's float noise). Either way
+    `logp_max_dev` compares the trainer's log-probs with the sampler's.
+    """
+    if old_logp not in ("sampler", "trainer"):
+        raise ValueError(f"old_logp is 'sampler' or 'trainer', not {old_logp!r}")
+    world_size = dist.get_world_size() if ddp is not None else 1
+    if total_samples < 1:
+        raise DagsterRLError("a train step needs at least one sample across all ranks")
+    if any(len(s.old_logp) != len(s.completion_ids) for s in samples):
+        raise DagsterRLError("a sample's behavior log-probs do not cover its completion tokens; the rollout record is corrupt")
+    model = policy.model
+    forward_model = ddp if ddp is not None else model
+    scale = world_size / total_samples
+    device = next(model.parameters()).device
+    sums = torch.zeros(7, dtype=torch.float64, device=device)  # loss, ratio, kl, clip_frac, samples, logp dev sum, tokens
+    max_dev = torch.zeros(2, dtype=torch.float64, device=device)  # max |ratio - 1|, max |new - old|
+    pad = policy.tokenizer.pad_token_id
+    batches = [_pack([samples[i] for i in idx], pad, device) for idx in micro_batches(samples, grpo.micro_batch_tokens)]
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed_of("train-step", policy.version))  # LoRA dropout, if any: same on every replay
+        policy.mode(training=True)  # and left so: whoever samples next sets eval mode
+        policy.activation_checkpointing(grpo.activation_checkpointing)
+        optimizer.zero_grad(set_to_none=True)
+        # every reference forward under one switch (the base: the adapter's layers off): a switch walks the whole model
+        with torch.no_grad(), (reference or policy.adapter_disabled)():
+            refs = [packed_logprobs(model, batch) for batch, _, _ in batches]
+        with ddp.no_sync() if ddp is not None else nullcontext():
+            for (batch, old, adv), ref in zip(batches, refs):
+                new = packed_logprobs(forward_model, batch)
+                behavior = new.detach() if old_logp == "trainer" else old
+                loss, stats = grpo_batch_loss(new, behavior, ref, batch.completion_mask, adv, grpo.clip_eps, grpo.kl_beta, sampler_logp=old)
+                (loss.sum() * scale).backward()
+                sums[:4] += torch.stack([x.sum() for x in (loss.detach(), stats.ratio, stats.kl, stats.clip_frac)]).double()
+                sums[4] += len(adv)
+                sums[5:] += torch.stack([stats.logp_dev_sum.double(), batch.completion_mask.sum().double()])
+                max_dev = torch.maximum(max_dev, torch.stack([stats.ratio_max_dev, stats.logp_max_dev]).double())
+        if ddp is not None:
+            sync = ddp(input_ids=torch.tensor([[pad]], device=device), use_cache=False)
+            (sync.logits.float().sum() * 0.0).backward()  # the one synchronizing backward
+            dist.all_reduce(sums)
+            dist.all_reduce(max_dev, op=dist.ReduceOp.MAX)
+    sums, (max_dev, logp_dev) = sums.cpu(), max_dev.tolist()
+    named = policy.trainable()
+    for _, p in named:
+        if p.grad is None:  # single process, no sample touched it
+            p.grad = torch.zeros_like(p)
+    if on_grads is not None:
+        on_grads({n: p.grad.detach().clone() for n, p in named})
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in named], grpo.max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    policy.version += 1
+    n = float(sums[4])
+    if int(n) != total_samples:
+        raise DagsterRLError(f"ranks trained {int(n)} samples, not the {total_samples} the step was given; shards overlap or are lost")
+    return TrainMetrics(
+        version=policy.version,
+        loss=float(sums[0]) / n,
+        ratio=float(sums[1]) / n,
+        kl=float(sums[2]) / n,
+        clip_frac=float(sums[3]) / n,
+        ratio_max_dev=max_dev,
+        logp_max_dev=logp_dev,
+        logp_mean_dev=float(sums[5]) / max(float(sums[6]), 1.0),
+        grad_norm=float(grad_norm),
+        samples_used=int(n),
+        groups=int(facts["groups"]),
+        groups_with_signal=int(facts["groups_with_signal"]),
+        mean_reward=facts["mean_reward"],
+        world_size=world_size,
+    )
