@@ -17,7 +17,7 @@ PORT ?=
 VLLM_VERSION := 0.32.0
 VLLM_VENV := .venv-vllm
 
-.PHONY: install vllm smollm2 demo train status test test-numerics-default check-numerics bench ui docs clean
+.PHONY: install vllm smollm2 demo train status lint test test-numerics-default check-numerics bench ui docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,12 @@ train: install $(DAGSTER_HOME)/dagster.yaml
 
 status: install
 	$(BIN)/dagster-rl status $(EXP)
+
+# ruff (lint and import order) and mypy, configured in pyproject.toml; `.ci/run` runs it before the tests.
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 test: install
 	$(BIN)/python -m pytest -q
