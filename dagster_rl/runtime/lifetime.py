@@ -18,7 +18,11 @@ import multiprocessing
 import os
 import signal
 import threading
-from pathlib import Path
+
+import psutil
+
+TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # the unit of `identity()`'s start time
+CLOCK_SLACK_S = 2.0  # the boot time in `process_started_at` is whole seconds, and a clock adjustment can move it by one
 
 
 def die_with_parent() -> bool:
@@ -39,23 +43,12 @@ def _watch(parent) -> None:
 
 
 def children(pid: int) -> list[int]:
-    """Every descendant of `pid` (Linux /proc), deepest first."""
-    by_parent: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        by_parent.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found: list[int] = []
-
-    def walk(p: int) -> None:
-        for child in by_parent.get(p, []):
-            walk(child)
-            found.append(child)
-
-    walk(pid)
-    return found
+    """Every descendant of `pid`, each before its ancestors (deepest first); none when `pid` is gone."""
+    try:
+        found = psutil.Process(pid).children(recursive=True)  # each after its ancestors
+    except psutil.Error:
+        return []
+    return [p.pid for p in reversed(found)]
 
 
 def kill_tree(pid: int) -> None:
@@ -68,8 +61,29 @@ def kill_tree(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs: it exists and is not a zombie (a process that ended and that its
+    parent has not reaped yet: dead all the same)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # ZombieProcess too, where the platform raises it
+        return False
+    except psutil.AccessDenied:  # another user's process: it exists
+        return True
+
+
+def process_started_at(pid: int) -> float | None:
+    """When process `pid` started (epoch seconds: the boot time, whole seconds, plus its start in
+    clock ticks); None when there is no such process."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
 def identity(pid: int | None = None) -> str:
-    """`<pid>:<start time in clock ticks since boot>` of a process (this one by default), Linux /proc."""
+    """`<pid>:<start time in clock ticks since boot>` of a process (this one by default); `<pid>:`
+    when there is no such process."""
     pid = os.getpid() if pid is None else pid
     return f"{pid}:{_started(pid)}"
 
@@ -79,15 +93,20 @@ def alive(ident: str) -> bool:
     pid, _, started = ident.partition(":")
     if not pid.isdigit():
         raise ValueError(f"{ident!r} is not a process identity (<pid>:<start time>)")
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z" and _started(int(pid)) == started
+    return process_alive(int(pid)) and _started(int(pid)) == started
 
 
 def _started(pid: int) -> str:
+    """The process's start in clock ticks since boot ("" when it is gone): what the kernel records,
+    unmoved by clock changes. psutil gives it as the boot time plus that start, so the boot time,
+    read on both sides, is taken off again (and read again when the clock moved it in between)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
+        process = psutil.Process(pid)
+        for _ in range(3):
+            boot = psutil.boot_time()
+            created = process.create_time()
+            if psutil.boot_time() == boot:
+                return str(round((created - boot) * TICKS_PER_S))
+    except psutil.Error:
+        pass
+    return ""
