@@ -33,22 +33,30 @@ import os
 import socket
 import threading
 from collections.abc import Iterator
-from datetime import datetime, timezone
-from pathlib import Path
+from datetime import UTC, datetime
 
-from dagster import DagsterRunStatus, Executor, RunsFilter, executor, multiple_process_executor_requirements, multiprocess_executor
-from dagster._core.events import DagsterEvent
-from dagster._core.storage.dagster_run import DagsterRun
+import psutil
+from dagster import (
+    DagsterEvent,
+    DagsterRun,
+    DagsterRunStatus,
+    Executor,
+    RunsFilter,
+    executor,
+    multiple_process_executor_requirements,
+    multiprocess_executor,
+)
 from dagster_k8s import k8s_job_executor
 from sqlalchemy.exc import IntegrityError
 
 from assets.console import CONSOLE
 from assets.run_tags import EXPERIMENT_TAG, MAX_RETRIES_TAG, RANGE_TAG, no_range, run_range
 from assets.workspace_run import INTERRUPTS, cancel_if_interrupted_here
-from resources.run_launcher import kill_and_wait, leftover_processes, process_alive, process_started_at
+from dagster_rl.runtime.lifetime import CLOCK_SLACK_S, process_alive, process_started_at
+from resources.run_launcher import kill_and_wait, leftover_processes
 
 POOL_PREFIX = "dagster_rl/"
-# host|boot id|pid|process start time of the run's orchestrating process: bookkeeping, so under
+# host|boot time|pid|process start time of the run's orchestrating process: bookkeeping, so under
 # Dagster's hidden prefix `.dagster/` (its GraphQL API, and so the UI, never shows such tags)
 PROCESS_TAG = ".dagster/dagster_rl.process"
 EARLIER_PROCESS_TAG = "dagster_rl/process"  # the key runs of earlier versions carry
@@ -60,16 +68,29 @@ def experiment_pool(name: str) -> str:
     return f"{POOL_PREFIX}{name}"
 
 
-def _boot_id() -> str:
+def _boot() -> str:
+    """When this machine booted, in whole epoch seconds: with the host name, which machine and which
+    boot of it a process ran in."""
+    return str(int(psutil.boot_time()))
+
+
+def _this_boot(boot: str, started: str) -> bool:
+    """Whether a PROCESS_TAG's boot and start fields name a process of this machine's current boot.
+    The boot field is a boot time (within the clock's slack: a clock adjustment moves it); in the
+    tags of earlier versions it is the kernel's boot id (a UUID, "" where none could be read), and
+    then the process's recorded start time says it: one from before this boot ran in an earlier one."""
+    now = psutil.boot_time()
+    if boot.isdigit():
+        return abs(int(boot) - now) <= CLOCK_SLACK_S
     try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
+        return float(started) >= now - CLOCK_SLACK_S if started else not boot
+    except ValueError:
+        return False
 
 
 def this_process() -> str:
     pid = os.getpid()
-    return f"{socket.gethostname()}|{_boot_id()}|{pid}|{process_started_at(pid) or ''}"
+    return f"{socket.gethostname()}|{_boot()}|{pid}|{process_started_at(pid) or ''}"
 
 
 def process_gone(tag: str | None) -> tuple[bool, str]:
@@ -79,10 +100,10 @@ def process_gone(tag: str | None) -> tuple[bool, str]:
         return False, "an unknown process"
     host, boot, pid, started = tag.split("|")
     where = f"process {pid} on {host}"
-    if host != socket.gethostname() or boot != _boot_id() or not pid.isdigit():
+    if host != socket.gethostname() or not pid.isdigit() or not _this_boot(boot, started):
         return False, where
     now_started = process_started_at(int(pid))
-    same = process_alive(int(pid)) and (not started or now_started is None or abs(now_started - float(started)) < 2.0)
+    same = process_alive(int(pid)) and (not started or now_started is None or abs(now_started - float(started)) < CLOCK_SLACK_S)
     return not same, where
 
 
@@ -126,7 +147,7 @@ def look_at_holders(instance, pool: str, experiment: str, me: DagsterRun, seen: 
             said.append(f"Run {run_id} of experiment {experiment} was left started by its {where}, which is gone: marked it failed{left}, freed its slot of pool {pool}.")
         elif run_id not in seen and run_id in {s.run_id for s in info.claimed_slots}:
             seen.add(run_id)
-            since = datetime.fromtimestamp(r.start_time, timezone.utc).isoformat() if (r := instance.get_run_record_by_id(run_id)) and r.start_time else "?"
+            since = datetime.fromtimestamp(r.start_time, UTC).isoformat() if (r := instance.get_run_record_by_id(run_id)) and r.start_time else "?"
             said.append(
                 f"Run {run_id} of experiment {experiment} (started {since}, {where}) is running: this run waits for it "
                 f"(pool {pool} admits one run of an experiment at a time), then resumes where it stopped."

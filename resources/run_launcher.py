@@ -21,19 +21,17 @@ and, whoever failed the run, before it launches a retry (a run with a parent run
 run worker and step processes still alive are killed first, and the retry's log says so.
 
 A pid is only trusted for the process that recorded it: a process that started after the event that
-named its pid is another process that reuses the number (Linux /proc; elsewhere, liveness only).
+named its pid is another process that reuses the number.
 """
 
 import os
 import signal
 import time
-from pathlib import Path
 
-from dagster import DagsterEventType, DefaultRunLauncher
-from dagster._core.launcher.base import CheckRunHealthResult, WorkerStatus
-from dagster._core.storage.dagster_run import DagsterRun
+from dagster import DagsterEventType, DagsterRun, DefaultRunLauncher
 
-CLOCK_SLACK_S = 2.0  # /proc/stat's boot time has a resolution of 1 s
+from dagster_rl.runtime.lifetime import CLOCK_SLACK_S, process_alive, process_started_at
+from resources.dagster_internals import CheckRunHealthResult, WorkerStatus
 
 
 def recorded_pids(instance, run_id: str, event_type: DagsterEventType) -> list[tuple[int, float]]:
@@ -61,31 +59,6 @@ def run_worker_pid(instance, run_id: str) -> int | None:
 def step_worker_pids(instance, run_id: str) -> list[int]:
     """Pids of the run's step processes (multiprocess executor), in the order they started."""
     return [pid for pid, _ in recorded_pids(instance, run_id, DagsterEventType.STEP_WORKER_STARTED)]
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    status = Path(f"/proc/{pid}/status")
-    try:  # a killed child not yet reaped by its parent is a zombie: dead all the same
-        state = next((line for line in status.read_text().splitlines() if line.startswith("State:")), "")
-    except OSError:
-        return status.parent.exists()
-    return "Z" not in state.split()[1:2]
-
-
-def process_started_at(pid: int) -> float | None:
-    """When the process started (epoch seconds), from /proc; None where /proc cannot say."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: start time in clock ticks
-    except (OSError, IndexError, ValueError, StopIteration):
-        return None
 
 
 def same_process_alive(pid: int, recorded_at: float) -> bool:

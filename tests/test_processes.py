@@ -9,6 +9,7 @@ then finds every step done. While a step runs, its progress reaches the run's lo
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus
 
-from assets.concurrency import experiment_pool
+from assets.concurrency import experiment_pool, process_gone, this_process
 from resources import JudgeEnvironment
 from resources.run_launcher import process_alive, step_worker_pids
 from tests.conftest import REPO, demo_settings, new_dagster_home, write_experiments
@@ -195,6 +196,29 @@ def test_a_killed_materialize_takes_its_step_process_along_and_the_next_run_fail
         failure = [e.dagster_event.message for e in instance.all_logs(run.run_id, of_type=DagsterEventType.RUN_FAILURE)]
         assert failure and f"its process {first.pid} on" in failure[-1] and "is gone" in failure[-1]
     assert [m.group(1) for line in out.splitlines() if (m := STEP_LINE.match(line))] == ["0000", "0001", "0002"], out
+
+
+def test_a_runs_process_tag_says_whether_its_process_is_gone_and_tags_of_earlier_versions_read_the_same():
+    """host|boot time|pid|start time: gone only for a process of this machine and boot that is not
+    alive. Earlier versions wrote the kernel's boot id in place of the boot time: their tags of this
+    boot still say gone or alive, and those of an earlier boot (a process started before this boot) say unknown."""
+    host, boot, pid, started = this_process().split("|")
+    assert host == socket.gethostname() and pid == str(os.getpid()) and abs(float(started) - time.time()) < 3600
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    where = f"process {ended.pid} on {host}"
+    assert process_gone(this_process()) == (False, f"process {pid} on {host}")
+    assert process_gone(f"{host}|{boot}|{ended.pid}|{started}") == (True, where)
+    assert process_gone(f"{host}|{int(boot) - 3600}|{ended.pid}|{started}") == (False, where), "another boot: not known here"
+    assert process_gone(f"elsewhere|{boot}|{ended.pid}|{started}") == (False, f"process {ended.pid} on elsewhere")
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()  # what earlier versions wrote
+    except OSError:
+        pytest.skip("no kernel boot id here: no tag of an earlier version to read")
+    assert process_gone(f"{host}|{boot_id}|{pid}|{started}") == (False, f"process {pid} on {host}")
+    assert process_gone(f"{host}|{boot_id}|{ended.pid}|{started}") == (True, where)
+    earlier = "0" * 8 + boot_id[8:]  # another boot's id, and a process that started before this boot
+    assert process_gone(f"{host}|{earlier}|{ended.pid}|{int(boot) - 3600}") == (False, where)
 
 
 def test_a_second_run_of_an_experiment_waits_for_the_first_and_computes_nothing(tmp_path):
