@@ -42,7 +42,6 @@ from dagster import (
     asset,
     multi_asset,
 )
-from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData  # not exported by dagster 1.13
 
 from assets.chain import CHAIN, step_assets
 from assets.concurrency import experiment_pool
@@ -56,6 +55,7 @@ from dagster_rl.runtime.lifetime import die_with_parent
 from dagster_rl.core.progress import Progress
 from dagster_rl.core.task import Backends, StepAsset, StepResult, WarmupResult, task_of
 from resources import ArtifactStoreResource, JudgeEnvironment, RolloutEnvironment, TrainerEnvironment
+from resources.dagster_internals import AssetCheckEvaluationTargetMaterializationData
 
 def step_partitions(exp: Experiment) -> StaticPartitionsDefinition:
     return StaticPartitionsDefinition(exp.step_keys)

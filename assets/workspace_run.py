@@ -15,26 +15,26 @@ When a daemon runs on the instance, the run is one of its runs: run monitoring w
 process, and run retries re-execute the run when it fails. An interrupt at the terminal (Ctrl-C)
 cancels it instead (`cancel_if_interrupted_here`): a person stopped it, the daemon leaves it.
 
-Dagster's private API in use, checked against dagster 1.13.27: `WorkspaceFileTarget`
-(`dagster._core.workspace.load_target`), `RemoteRepositoryOrigin` and `RemoteJobOrigin`
-(`dagster._core.remote_origin`), `ReconstructableRepository` (`dagster._core.definitions.reconstruct`),
-`execute_run` (`dagster._core.execution.api`), `DagsterExecutionInterruptedError` (`dagster._core.errors`).
+It runs on Dagster's private API (`resources.dagster_internals` says which names, and the Dagster
+version they were checked against).
 """
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dagster import DagsterInstance
-from dagster._core.definitions.reconstruct import ReconstructableRepository
-from dagster._core.errors import DagsterExecutionInterruptedError
-from dagster._core.execution.api import execute_run
-from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin
-from dagster._core.workspace.load_target import WorkspaceFileTarget
+from dagster import DagsterExecutionInterruptedError, DagsterInstance
 
+from assets import REPO
 from dagster_rl.core.errors import DagsterRLError
+from resources.dagster_internals import (
+    ReconstructableRepository,
+    RemoteJobOrigin,
+    RemoteRepositoryOrigin,
+    WorkspaceFileTarget,
+    execute_run,
+)
 
-REPO = Path(__file__).resolve().parent.parent
 WORKSPACE = REPO / "workspace.yaml"
 MODULE, ATTRIBUTE = "assets.definitions", "defs"
 REPOSITORY = "__repository__"  # the name Dagster gives the repository of a `Definitions`

@@ -22,10 +22,13 @@ from contextlib import ExitStack
 from typing import Any
 
 import kubernetes
-from dagster import AssetExecutionContext, ConfigurableResource
-from dagster._core.pipes.client import PipesClientCompletedInvocation
-from dagster._core.pipes.utils import open_pipes_session
-from dagster._core.storage.dagster_run import DagsterRunStatus
+from dagster import (
+    AssetExecutionContext,
+    ConfigurableResource,
+    DagsterRunStatus,
+    PipesClientCompletedInvocation,
+    open_pipes_session,
+)
 from dagster_k8s import PipesK8sClient
 from dagster_k8s.client import (
     DagsterK8sAPIRetryLimitExceeded,
@@ -40,7 +43,15 @@ from dagster_k8s.utils import detect_current_namespace
 from pydantic import Field
 
 from dagster_rl.core.errors import DagsterRLError
-from dagster_rl.runtime.k8s_manifests import INDEX_LABEL, JOB_LABEL, ClusterSettings, headless_service, indexed_job, job_name, owned_by
+from dagster_rl.runtime.k8s_manifests import (
+    INDEX_LABEL,
+    JOB_LABEL,
+    ClusterSettings,
+    headless_service,
+    indexed_job,
+    job_name,
+    owned_by,
+)
 from dagster_rl.runtime.pods import PodJob
 from dagster_rl.runtime.workers import WorkersGone
 from resources.trainer_launcher import ReportedMessages, _lift_typed_output_requirement, ended_by_the_driver, no_preview_notices

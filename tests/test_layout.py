@@ -3,6 +3,7 @@ back through others, and nothing outside a task's own package switches on a task
 
 import ast
 import re
+from importlib.metadata import version
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,3 +76,25 @@ def test_generic_code_never_imports_a_task_or_switches_on_a_kind():
         if re.search(r"\bkind\s*(==|!=|\bin\b)\s*[\"'(\[{]", line)
     ]
     assert switches == []
+
+
+def imports_dagster_core(path: Path) -> bool:
+    """Whether `path` imports Dagster's private `dagster._core` (at module level or in a function)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        else:
+            continue
+        if any(n == "dagster._core" or n.startswith("dagster._core.") for n in names):
+            return True
+    return False
+
+
+def test_dagsters_private_api_is_imported_in_one_module_checked_against_the_installed_dagster():
+    """An upgrade of Dagster fails here until that module is checked against the new version."""
+    importers = sorted(str(p.relative_to(REPO)) for pkg in (*PACKAGES, "bench") for p in (REPO / pkg).rglob("*.py") if imports_dagster_core(p))
+    assert importers == ["resources/dagster_internals.py"]
+    doc = " ".join((REPO / "resources" / "dagster_internals.py").read_text().split())
+    assert f"dagster {version('dagster')} and dagster-k8s {version('dagster-k8s')}" in doc
