@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from assets import REPO  # the child of `_in_own_group` imports `assets` from here
 from assets.chain import CHAIN, step_assets
 from assets.experiments import experiments_dir, missing_folder, problems, read
 from assets.run_tags import RESUME, range_tags, run_range
@@ -31,7 +32,6 @@ from dagster_rl.core.errors import CorruptArtifactError, DagsterRLError, StoreLi
 from dagster_rl.core.experiment import Experiment, step_key
 from dagster_rl.core.task import BUILTIN_TASKS, task_of
 
-REPO = Path(__file__).resolve().parent.parent  # the child of `_in_own_group` imports `assets` from here
 BASE_COLUMNS = ("step", "state", "cache", "trials", "mean_reward", "success")
 LAST_COLUMNS = ("weights_v", "attempt")
 NOT_MATERIALIZED = "not materialized"
