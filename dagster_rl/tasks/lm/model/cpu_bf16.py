@@ -4,13 +4,15 @@ x86 CPUs compute bfloat16 matrix products natively with AVX512-BF16 (`avx512_bf1
 Intel Cooper Lake and later) or AMX (`amx_bf16`, Intel Sapphire Rapids and later). Without either,
 torch emulates bfloat16 in float32 arithmetic (slower than float32 itself), and vLLM's CPU build
 stops with an illegal instruction (SIGILL) in its bfloat16 kernels. So a bfloat16 policy on such a
-CPU is refused when it loads, with what to do, rather than run slowly or die later. Other
-architectures (ARM, or a system without /proc/cpuinfo) are not checked.
+CPU is refused when it loads, with what to do, rather than run slowly or die later.
+
+The CPU's features are what torch detects (`torch.cpu.get_capabilities()`, cpuinfo: the hardware,
+whatever `ATEN_CPU_CAPABILITY` selects for torch's kernels; checked with torch 2.13). Other
+architectures (ARM), and a torch without that function, are not checked.
 """
 
 import platform
 from functools import lru_cache
-from pathlib import Path
 
 from dagster_rl.core.errors import DagsterRLError
 
@@ -19,15 +21,13 @@ BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 @lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (Linux, x86); empty where there are none to read."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    """The CPU features torch detects (e.g. `avx2`, `avx512_f`, `avx512_bf16`); empty where it cannot say."""
+    import torch
+
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    if capabilities is None:
         return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+    return frozenset(name for name, value in capabilities().items() if value is True)
 
 
 def check_bf16_cpu(what: str) -> None:
@@ -37,7 +37,7 @@ def check_bf16_cpu(what: str) -> None:
     flags = cpu_flags()
     if not flags or any(f in flags for f in BF16_FLAGS):
         return
-    has = ", ".join(f for f in ("avx512f", "avx2") if f in flags) or "neither avx2 nor avx512f"
+    has = ", ".join(f for f in ("avx512_f", "avx2") if f in flags) or "neither avx2 nor avx512_f"
     raise DagsterRLError(
         f"{what} is bfloat16, and this CPU has no native bfloat16 ({' or '.join(BF16_FLAGS)}; it has {has}): torch would "
         "emulate it, slower than float32, and vLLM's CPU build would stop with an illegal instruction (SIGILL). "
