@@ -28,6 +28,9 @@ def load(tmp_path, *raws):
         # finding 6 of issue 10: numbers and sizes are checked at load, not at run time
         ({"grpo": {"learning_rate": float("inf")}}, "grpo.learning_rate", "Input should be a finite number"),
         ({"rubric": {"tidiness": float("nan")}}, "rubric.tidiness", "Input should be a finite number"),
+        # numbers are numbers (core/strict.py), with the fix in the message: what pydantic's strict mode does not say
+        ({"seed": True}, "seed", "a number is required, not the boolean True"),
+        ({"grpo": {"learning_rate": "0.01"}}, "grpo.learning_rate", "a number is required, not the text '0.01': write it without quotes"),
         ({"prompts_per_step": 1_000_000_000}, "prompts_per_step", "less than or equal to 32768"),
         ({"prompts_per_step": 20_000, "n_samples": 4}, "<root>", "= 80000 trials per step, more than the 65536 a step may plan"),
         ({"min_trials_per_step": 25}, "<root>", "min_trials_per_step=25 is more than the 24 trials a step plans"),
@@ -209,6 +212,7 @@ TINY = "tiny_grpo"
         (TINY, {"generation_threads": 10**9}, "generation_threads", "less than or equal to 1024 (got 1000000000)"),
         (TINY, {"task": {"eval_max_new_tokens": 10**9}}, "task.eval_max_new_tokens", "less than or equal to 32768 (got 1000000000)"),
         (TINY, {"grpo": {"betas": [0.9, 1e308]}}, "grpo.betas.1", "less than 1"),
+        (TINY, {"grpo": {"betas": [0.9, "0.99"]}}, "grpo.betas.1", "a number is required, not the text '0.99'"),
         (TINY, {"grpo": {"kl_beta": 1e308}}, "grpo.kl_beta", "less than or equal to 100"),
         (TINY, {"sampling": {"temperature": 1e308}}, "sampling.temperature", "less than or equal to 100"),
         (TINY, {"trainer": {"nproc_per_node": 64, "threads_per_process": 64}}, "trainer", "64 x 64 = 4096 threads on one node, more than the 1024"),

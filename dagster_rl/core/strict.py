@@ -1,5 +1,13 @@
 """The base of every settings record: unknown fields are errors, numbers are finite and are numbers
-(never text or booleans coerced), values never change after validation."""
+(never text or booleans coerced), values never change after validation.
+
+Pydantic's configuration does three of these (`extra="forbid"`, `allow_inf_nan=False`,
+`frozen=True`: "Extra inputs are not permitted", "Input should be a finite number"). Numbers are
+checked here, because pydantic's strict mode (`strict=True`, `StrictInt`, `StrictFloat`) is another
+rule: it refuses a whole float for an int (`seed: 5e3` in YAML is 5000 here), and, model-wide, a
+list for a tuple (YAML has no tuples: `target_modules`, `ops`, `tolerations` come as lists); and
+its "Input should be a valid integer" does not say what to do, where this names the value and the
+fix ("a number is required, not the text '4': write it without quotes")."""
 
 import types
 import typing
@@ -54,6 +62,7 @@ class Strict(BaseModel):
             field = cls.model_fields.get(name) if isinstance(name, str) else None
             if field is None:
                 continue  # an unknown field: refused as such
+            items: list[tuple[tuple[str | int, ...], Any]]
             if _numeric(field.annotation):
                 items = [((name,), value)]
             elif _numeric_items(field.annotation) and isinstance(value, (list, tuple)):
