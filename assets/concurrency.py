@@ -41,6 +41,7 @@ from dagster import (
     DagsterRun,
     DagsterRunStatus,
     Executor,
+    ExecutorDefinition,
     RunsFilter,
     executor,
     multiple_process_executor_requirements,
@@ -189,7 +190,7 @@ class ExperimentExecutor(Executor):
         instance.add_run_tags(run.run_id, tags)
         for pool in pools:
             ensure_limit(instance, pool)
-        stop, seen = threading.Event(), set()
+        stop, seen = threading.Event(), set[str]()
 
         def watch() -> None:  # until this run holds its pools' slots, or ends
             while True:
@@ -233,23 +234,31 @@ def _check_range(plan_context, steps: list, pools: list[str]) -> None:
     raise no_range(run.job_name, experiment, keys)
 
 
+def _created(definition: ExecutorDefinition, init_context) -> Executor:
+    """The executor `definition` creates for a run (what the wrapper wraps)."""
+    create = definition.executor_creation_fn
+    if create is None:  # never for an `@executor` definition, which both wrapped ones are
+        raise TypeError(f"executor {definition.name!r} has no creation function to wrap")
+    return create(init_context)
+
+
 @executor(
     name="multiprocess",
-    config_schema=multiprocess_executor.config_schema,
+    config_schema=multiprocess_executor.config_schema.as_field(),
     requirements=multiple_process_executor_requirements(),
 )
 def experiment_executor(init_context) -> ExperimentExecutor:
     """Dagster's multiprocess executor (same config), for experiment runs: see `assets.concurrency`."""
-    return ExperimentExecutor(multiprocess_executor.executor_creation_fn(init_context))
+    return ExperimentExecutor(_created(multiprocess_executor, init_context))
 
 
 @executor(
     name=k8s_job_executor.name,  # "k8s": run config and run tags written for k8s_job_executor keep working
-    config_schema=k8s_job_executor.config_schema,
+    config_schema=k8s_job_executor.config_schema.as_field(),
     requirements=k8s_job_executor.get_requirements,
 )
 def experiment_k8s_executor(init_context) -> ExperimentExecutor:
     """dagster-k8s's `k8s_job_executor` (same config: each step in its own pod), for experiment runs:
     see `assets.concurrency`. Its step-delegating executor claims the pool's slot before it creates
     a step's pod, so a second run of an experiment waits in its run pod, before any step pod."""
-    return ExperimentExecutor(k8s_job_executor.executor_creation_fn(init_context))
+    return ExperimentExecutor(_created(k8s_job_executor, init_context))

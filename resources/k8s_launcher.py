@@ -175,7 +175,7 @@ class PipesK8sJobLauncher(ConfigurableResource):
         with no_preview_notices(), open_pipes_session(
             context=context, extras=None, context_injector=pipes.context_injector, message_reader=pipes.message_reader
         ) as session:
-            body = indexed_job(job, cluster, name, extra_env=session.get_bootstrap_env_vars())
+            body = indexed_job(job, cluster, name, extra_env=dict(session.get_bootstrap_env_vars()))
             context.log.info(f"creating trainer Job {ns}/{name}: {job.nodes} pod(s), pod 0 at {name}-0.{name}")
             logs = None
             try:
@@ -273,7 +273,8 @@ class K8sWorkers:
             )
         _lift_typed_output_requirement(context)  # the driver yields its own materializations while the session is open
         self.messages = ReportedMessages(context, self.session)
-        self.attempt, self.restarts_left, self.errors = 0, job.max_restarts, []
+        self.attempt, self.restarts_left = 0, job.max_restarts
+        self.errors: list[str] = []
         self.name: str | None = None
         self.logs: PodLogs | None = None
         self.checked = 0.0
@@ -287,7 +288,7 @@ class K8sWorkers:
         """Create this attempt's Job and Service and wait for its pod 0; a failure there is a failed attempt."""
         while True:
             self.name = job_name(self.job.name, self.context.run_id, self.attempt)
-            body = indexed_job(self.job, self.cluster, self.name, extra_env=self.session.get_bootstrap_env_vars())
+            body = indexed_job(self.job, self.cluster, self.name, extra_env=dict(self.session.get_bootstrap_env_vars()))
             self.context.log.info(f"creating trainer session Job {self.ns}/{self.name}: {self.job.nodes} pod(s), pod 0 at {self.name}-0.{self.name}")
             try:
                 self.launcher._create(self.client, self.ns, self.name, body, headless_service(self.job, self.cluster, self.name))
@@ -325,7 +326,7 @@ class K8sWorkers:
         if run is None or run.status != DagsterRunStatus.STARTED:
             self._cleanup()
             raise PodJobTerminated(f"the run stopped while the trainer session's Job {self.name} ran; its pods and Service were deleted")
-        status = self.client.get_job_status(self.name, self.ns)
+        status = self.client.get_job_status(self.name, self.ns) if self.name is not None else None
         if status is None:
             raise WorkersGone(f"the trainer session's Job {self.ns}/{self.name} is gone (deleted from outside)")
         if status.failed:
