@@ -1,6 +1,7 @@
 """Dagster resources: the loop's environments, the trainer's launchers (torchrun on this machine,
 an Indexed Job on Kubernetes), the artifact store, and a local run launcher. Each is configured by
-pydantic fields; see each class's Examples.
+pydantic fields; see each class's Examples. `dagster_internals` holds the names of Dagster's private
+API that `assets/` and `resources/` use, and the Dagster version they were checked against.
 
 Each is imported on first use (`from resources import X`), so that a module that needs one
 resource (`dagster-rl status` needs the artifact store's) does not load Kubernetes' client too.
