@@ -82,14 +82,15 @@ def build_warmup(exp: Experiment):
     spec = task_of(exp.kind).warmup_of(exp)
     if spec is None:
         return None
+    key = AssetKey([exp.name, spec.name])
 
     def warmup(context: AssetExecutionContext, artifact_store: ArtifactStoreResource) -> MaterializeResult:
         die_with_parent()  # as the driver's step process
         store = artifact_store.get_store(warn=context.log.warning)
-        expect_recorded(context.instance, exp, (), [], store, warmup_key(exp))  # the event log's record of it
+        expect_recorded(context.instance, exp, (), [], store, key)  # the event log's record of it
         progress = Progress()
         try:
-            with reporting(progress, lambda line: context.log.info(line, extra=CONSOLE), PROGRESS_EVERY_S), progress.doing(warming_up(warmup_key(exp))):
+            with reporting(progress, lambda line: context.log.info(line, extra=CONSOLE), PROGRESS_EVERY_S), progress.doing(warming_up(key)):
                 result = spec.run(exp, store)
         except DagsterRLError as e:
             _no_retry_unless_retryable(context, e)
@@ -100,7 +101,7 @@ def build_warmup(exp: Experiment):
     with warnings.catch_warnings():  # an unpartitioned asset's backfill policy is a beta parameter of dagster 1.13: known, wanted
         warnings.simplefilter("ignore", BetaWarning)
         return asset(
-            key=warmup_key(exp),
+            key=key,
             group_name=exp.name,
             backfill_policy=BackfillPolicy.single_run(),  # lets a --partition-range of the group include it
             pool=experiment_pool(exp.name),  # the driver's pool: a second run of the experiment waits here too
@@ -222,7 +223,7 @@ def _ensure_warmup(context: AssetExecutionContext, exp: Experiment, store, progr
     spec = task_of(exp.kind).warmup_of(exp)
     if spec is None:
         return
-    key = warmup_key(exp)
+    key = AssetKey([exp.name, spec.name])
     with progress.doing(warming_up(key)):
         result = spec.run(exp, store)
     latest = context.instance.get_latest_materialization_event(key)
