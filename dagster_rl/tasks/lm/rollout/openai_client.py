@@ -37,6 +37,7 @@ from dagster_rl.store import nofollow
 from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.core.faults import maybe_fail
 from dagster_rl.inference.http_json import EndpointError
+from dagster_rl.tasks.lm.backend_protocols import Checkpoint
 from dagster_rl.tasks.lm.experiment import LMExperiment
 from dagster_rl.tasks.lm.model.policy import ADAPTER, ADAPTER_CONFIG
 from dagster_rl.tasks.lm.data.prompts import encode_prompt
@@ -46,8 +47,6 @@ from dagster_rl.core.records import TrialFailed
 from dagster_rl.core.retries import AttemptsExhausted, Limits, describe, with_retries
 from dagster_rl.core.task import Endpoint, Weights
 from dagster_rl.inference.vllm_client import ServerReplyError, ServerSampling, VLLMClient
-
-Checkpoint = dict[str, bytes]
 
 
 class RolloutServerError(DagsterRLError):
