@@ -72,7 +72,8 @@ class PolicyCache:
     read from disk `size` times per run, not once per step)."""
 
     def __init__(self, size: int = 2):
-        self.size, self._items, self._lock = size, OrderedDict(), threading.Lock()
+        self.size, self._lock = size, threading.Lock()
+        self._items: OrderedDict[str, _Loaded] = OrderedDict()
 
     @contextmanager
     def use(self, exp: LMExperiment, files: dict[str, bytes]) -> Iterator[Policy]:

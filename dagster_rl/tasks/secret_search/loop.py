@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from functools import partial
 
 from dagster_rl.core import counters
 from dagster_rl.core.checks import step_checks
@@ -59,7 +60,7 @@ def ensure_worlds(exp: Exp, store: ArtifactStore) -> Worlds:
     worlds = {}
     for w in used_worlds(exp):
         key = cache_key("world", WORLD_CODE_VERSION, world_id=w, n_docs=exp.task.n_docs)
-        files, ref, _ = store.get_or_put_files("worlds", key, lambda w=w: build_world(w, exp.task.n_docs))
+        files, ref, _ = store.get_or_put_files("worlds", key, partial(build_world, w, exp.task.n_docs))
         worlds[w] = (ref, files)
     return worlds
 

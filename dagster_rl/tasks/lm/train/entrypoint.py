@@ -168,10 +168,11 @@ def prepare(job: TrainJob, device: torch.device, held: TrainerState | None, from
     """The job's policy, reference and optimizer: kept from `held` when `from_memory` (rank 0 found
     that it holds the job's input), else the input checkpoint loaded: into the loaded base when the
     settings are the same (bit for bit a fresh load), else with the base loaded afresh."""
-    same_base = held is not None and held.device == device and held.policy.settings.model_dump() == job.policy.model_dump()
-    if same_base and from_memory:
-        _reference(job, held)
-        return held
+    # `held`, when it has the job's base loaded on the job's device (its adapter may be another)
+    same_base = held if held is not None and held.device == device and held.policy.settings.model_dump() == job.policy.model_dump() else None
+    if same_base is not None and from_memory:
+        _reference(job, same_base)
+        return same_base
     checkpoint = load_checkpoint(job.input_checkpoint) if job.input_checkpoint else None
     digest = checkpoint_hash(checkpoint) if checkpoint is not None else None
     if job.input_hash is not None and digest != job.input_hash:
@@ -179,8 +180,9 @@ def prepare(job: TrainJob, device: torch.device, held: TrainerState | None, from
             f"the input checkpoint in {job.input_checkpoint} is not the one the job names (hash {job.input_hash}): it was "
             "changed or cut short on its way; run the step again"
         )
-    if same_base and checkpoint is not None:
-        load_adapter(held.policy, checkpoint)
+    if same_base is not None and checkpoint is not None:
+        load_adapter(same_base.policy, checkpoint)
+        held = same_base
     else:  # another base, or a fresh adapter (version 0)
         held = TrainerState(load_policy(job.policy, checkpoint, device), device)
     _reference(job, held)
@@ -202,7 +204,9 @@ def train_held(job: TrainJob, held: TrainerState, rank: int, world: int) -> tupl
     wrapper per step, as a one-step launch builds it: the same buckets, the same sums)."""
     batch = TrainBatch.model_validate_json(Path(job.batch).read_text())
     samples, facts = build_samples(batch.rollouts, batch.rewards, job.grpo.advantage_eps)
-    ddp, grads = None, {}
+    assert held.optimizer is not None  # `prepare` made it
+    ddp = None
+    grads: dict[str, torch.Tensor] = {}
     try:
         if dist.is_initialized():
             device = held.device
@@ -273,7 +277,8 @@ def serve(folder: Path, report=None) -> int:
     """Take the session folder's jobs in order until stopped; returns how many steps were trained."""
     spec = SessionSpec.model_validate_json((folder / SPEC).read_text())
     rank, world, device = _setup(spec.device)
-    held, trained, why = None, 0, "failed"
+    held: Held | None = None
+    trained, why = 0, "failed"
     inbox = _Inbox(folder, spec) if rank == 0 else None
     try:
         while True:
@@ -282,6 +287,7 @@ def serve(folder: Path, report=None) -> int:
                 box = [command]
                 dist.broadcast_object_list(box, src=0, device=device if device.type == "cuda" else None)
                 command = box[0]
+            assert command is not None  # rank 0 reads it from the folder; the other ranks receive it
             what = command["what"]
             if what == "stop":
                 why = command["why"]
