@@ -277,7 +277,7 @@ def serve(folder: Path, report=None) -> int:
     """Take the session folder's jobs in order until stopped; returns how many steps were trained."""
     spec = SessionSpec.model_validate_json((folder / SPEC).read_text())
     rank, world, device = _setup(spec.device)
-    held: Held | None = None
+    held: TrainerState | None = None
     trained, why = 0, "failed"
     inbox = _Inbox(folder, spec) if rank == 0 else None
     try:
