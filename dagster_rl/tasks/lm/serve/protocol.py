@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from dagster_rl.inference.vllm_client import NEUTRAL_SAMPLING
@@ -77,7 +77,7 @@ class CompletionBody(_Body):
     `--generation-config vllm`)."""
 
     model: str | None = None
-    prompt: Any = None  # a string, or one list of token ids (or a list of one of either)
+    prompt: Any = Field(None, validate_default=True)  # a string, or one list of token ids (or a list of one of either)
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -99,6 +99,15 @@ class CompletionBody(_Body):
                     "(dagster-rl serve samples the tempered distribution, cut to top_p, up to max_tokens and one stop token)",
                 )
         return body
+
+    @field_validator("model")
+    @classmethod
+    def served(cls, model: str | None, info: ValidationInfo) -> str | None:
+        """With the engine as the context: a 404 (`APIError`, which pydantic passes on as it is) unless it serves `model`."""
+        engine = (info.context or {}).get("engine")
+        if engine is not None:
+            engine.check_model(model or engine.name)
+        return model
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -164,10 +173,10 @@ class UnloadAdapterBody(_Body):
     lora_name: str | None = None
 
 
-def validated(model: type[B], body: dict[str, Any]) -> B:
-    """`body` as a `model`, or the `APIError` (a 400 naming the field) of its first fault."""
+def validated(model: type[B], body: dict[str, Any], context: dict[str, Any] | None = None) -> B:
+    """`body` as a `model` (validated with `context`), or the `APIError` (a 400 naming the field) of its first fault."""
     try:
-        return model.model_validate(body)
+        return model.model_validate(body, context=context)
     except ValidationError as e:
         raise from_validation(e) from None
 
@@ -175,9 +184,8 @@ def validated(model: type[B], body: dict[str, Any]) -> B:
 def parse_completion_request(body: dict[str, Any], engine: "Engine") -> CompletionRequest:
     """A vLLM /v1/completions body, for the subset this server serves; errors as vLLM words them,
     each a 400 naming its field (`param`)."""
-    fields = validated(CompletionBody, body)
+    fields = validated(CompletionBody, body, {"engine": engine})
     model = fields.model or engine.name
-    engine.check_model(model)
     prompt = fields.prompt
     prompt_ids: list[int] = engine.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else prompt
     vocab = engine.vocab
