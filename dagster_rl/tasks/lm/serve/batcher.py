@@ -5,6 +5,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from dagster_rl.tasks.lm.serve.protocol import CompletionRequest, CompletionResult
@@ -91,7 +92,7 @@ class Batcher:
         while (batch := self._next_batch()) is not None:
             self.batches += 1
             try:
-                results = self.run_batch([p.request for p in batch], lambda b=batch: all(p.cancelled for p in b))
+                results = self.run_batch([p.request for p in batch], partial(_all_cancelled, batch))
                 if len(results) != len(batch):
                     raise RuntimeError(f"a batch of {len(batch)} requests gave {len(results)} results")
                 for item, result in zip(batch, results, strict=True):
@@ -99,6 +100,10 @@ class Batcher:
             except BaseException as e:  # every request of the batch gets the error
                 for item in batch:
                     _settle(item.future, error=e)
+
+
+def _all_cancelled(batch: list[_Pending]) -> bool:
+    return all(p.cancelled for p in batch)
 
 
 def _settle(future: Future, result: Any = None, error: BaseException | None = None) -> None:

@@ -10,11 +10,12 @@ import warnings
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from peft import PeftModel
 from peft.tuners.tuners_utils import BaseTunerLayer
+from transformers import PreTrainedModel
 
 from dagster_rl.inference.server_process import ADAPTER_ROOTS_ENV
 from dagster_rl.tasks.lm.model.build import building
@@ -45,7 +46,8 @@ class Engine:
         self._internal: dict[str, str] = {}  # name -> PEFT's adapter name
         self._loads = 0
         self.adapter_roots = tuple(dict.fromkeys(os.path.realpath(r) for r in adapter_roots if r))
-        self.vocab = int(base.get_input_embeddings().num_embeddings)  # the ids the model has rows for
+        embeddings = cast(torch.nn.Embedding, cast(PreTrainedModel, base).get_input_embeddings())
+        self.vocab = int(embeddings.num_embeddings)  # the ids the model has rows for
         self.max_model_len = int(getattr(base.config, "max_position_embeddings", 0) or 0) or None
         self.lock = threading.Lock()  # the model: one batch or one adapter change at a time
 
@@ -163,7 +165,7 @@ class Engine:
         created = int(time.time())
         base = {"id": self.name, "object": "model", "created": created, "owned_by": "dagster-rl", "root": self.model_arg,
                 "parent": None, "max_model_len": self.max_model_len, "permission": []}  # fmt: skip
-        loras = [
+        loras: list[dict[str, Any]] = [
             {"id": n, "object": "model", "created": created, "owned_by": "dagster-rl", "root": p, "parent": self.name,
              "max_model_len": None, "permission": []}  # fmt: skip
             for n, p in list(self.adapters.items())
@@ -216,6 +218,7 @@ class _Forward(torch.nn.Module):
         if self.cancelled():
             raise BatchCancelled()
         if self.base_only:
+            assert isinstance(self.model, PeftModel)
             with self.model.disable_adapter():
                 return self.model(*args, **kwargs)
         return self.model(*args, **kwargs)

@@ -234,7 +234,7 @@ def completion_response(req: CompletionRequest, result: CompletionResult, engine
     tok = engine.tokenizer
 
     def name(t: int) -> str:
-        return f"token_id:{t}" if req.as_token_ids else tok.decode([t])
+        return f"token_id:{t}" if req.as_token_ids else str(tok.decode([t]))
 
     logprobs = None
     if req.logprobs is not None:
