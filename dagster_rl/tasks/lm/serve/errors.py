@@ -32,6 +32,9 @@ _MUST_BE = {
     "list_type": "a list",
 }
 
+# a field's bound (pydantic's `ge`, `gt`, `le`), as this server words it
+_BOUND = {"greater_than_equal": ("ge", "at least"), "greater_than": ("gt", "more than"), "less_than_equal": ("le", "at most")}
+
 
 def from_validation(error: ValidationError) -> APIError:
     """The first fault of a request's `ValidationError` as a 400 naming its field (`param`): the
@@ -47,6 +50,9 @@ def from_validation(error: ValidationError) -> APIError:
         message = f"{param} must be finite, got {str(value)[:50]}"
     elif kind in _MUST_BE:
         message = f"{param} must be {_MUST_BE[kind]}, got {value!r}"
+    elif kind in _BOUND:
+        bound, words = _BOUND[kind]
+        message = f"{param} must be {words} {ctx[bound]}, got {value!r}"
     else:
         message = f"{param}: {first['msg']}, got {str(value)[:100]}"
     return APIError(HTTPStatus.BAD_REQUEST, message, param=param)

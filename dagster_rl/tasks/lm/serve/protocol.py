@@ -78,9 +78,9 @@ class CompletionBody(_Body):
 
     model: str | None = None
     prompt: Any = Field(None, validate_default=True)  # a string, or one list of token ids (or a list of one of either)
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
     logprobs: Any = None
     seed: Any = None
     return_tokens_as_token_ids: bool | None = None
@@ -119,27 +119,6 @@ class CompletionBody(_Body):
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return list(prompt)
         raise _fault("prompt", "prompt must be a string, or one list of token ids")
-
-    @field_validator("max_tokens")
-    @classmethod
-    def at_least_one(cls, max_tokens: int | None) -> int | None:
-        if max_tokens is not None and max_tokens < 1:
-            raise _fault("max_tokens", f"max_tokens must be at least 1, got {max_tokens}")
-        return max_tokens
-
-    @field_validator("temperature")
-    @classmethod
-    def not_negative(cls, temperature: float | None) -> float | None:
-        if temperature is not None and temperature < 0:
-            raise _fault("temperature", f"temperature must be >= 0, got {temperature}")
-        return temperature
-
-    @field_validator("top_p")
-    @classmethod
-    def a_nucleus(cls, top_p: float | None) -> float | None:
-        if top_p is not None and not 0 < top_p <= 1:
-            raise _fault("top_p", f"top_p must be in (0, 1], got {top_p}")
-        return top_p
 
     @field_validator("logprobs", mode="before")
     @classmethod
