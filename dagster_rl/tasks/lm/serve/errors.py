@@ -33,7 +33,7 @@ _MUST_BE = {
 }
 
 # a field's bound (pydantic's `ge`, `gt`, `le`), as this server words it
-_BOUND = {"greater_than_equal": ("ge", "at least"), "greater_than": ("gt", "more than"), "less_than_equal": ("le", "at most")}
+_BOUND = {"greater_than_equal": ("ge", "at least"), "greater_than": ("gt", "more than"), "less_than_equal": ("le", "at most"), "less_than": ("lt", "less than")}
 
 
 def from_validation(error: ValidationError) -> APIError:

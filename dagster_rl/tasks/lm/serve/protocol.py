@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from dagster_rl.tasks.lm.serve.engine import Engine
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
-SEED_BITS = 64
 
 
 @dataclass(frozen=True)
@@ -81,8 +80,8 @@ class CompletionBody(_Body):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
-    logprobs: Any = None
-    seed: Any = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # k: the sampled token's log-probability and the top k
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)  # 64 bits; none: a random one, as vLLM
     return_tokens_as_token_ids: bool | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
@@ -120,19 +119,6 @@ class CompletionBody(_Body):
             return list(prompt)
         raise _fault("prompt", "prompt must be a string, or one list of token ids")
 
-    @field_validator("logprobs", mode="before")
-    @classmethod
-    def top_k_logprobs(cls, logprobs: Any) -> int | None:
-        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS):
-            raise _fault("logprobs", f"Requested sample logprobs of {logprobs!r}, which is not in [0, max allowed: {MAX_LOGPROBS}]")
-        return logprobs
-
-    @field_validator("seed", mode="before")
-    @classmethod
-    def a_64_bit_seed(cls, seed: Any) -> int | None:
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -(2 ** (SEED_BITS - 1)) <= seed < 2 ** (SEED_BITS - 1)):
-            raise _fault("seed", "seed must be an integer of 64 bits")
-        return seed
 
 
 B = TypeVar("B", bound=BaseModel)
@@ -179,7 +165,7 @@ def parse_completion_request(body: dict[str, Any], engine: "Engine") -> Completi
             "reduce the prompt or max_tokens.",
             param="max_tokens",
         )
-    seed = uuid.uuid4().int % 2 ** (SEED_BITS - 1) if fields.seed is None else fields.seed  # vLLM samples unseeded requests at random too
+    seed = uuid.uuid4().int % 2**63 if fields.seed is None else fields.seed  # vLLM samples unseeded requests at random too
     stop_id, stop_reason = _stop_token(fields, engine.tokenizer.eos_token_id, vocab)
     temperature = 1.0 if fields.temperature is None else fields.temperature
     top_p = 1.0 if fields.top_p is None else fields.top_p
