@@ -44,7 +44,9 @@ def from_validation(error: ValidationError) -> APIError:
     loc = first["loc"]
     param = str(ctx.get("param") or (loc[0] if loc else "")) or None
     value, kind = first.get("input"), first["type"]
-    if kind == "value_error" or "param" in ctx:  # a validator's own message
+    if "message" in ctx:  # a validator's own message
+        message = str(ctx["message"])
+    elif kind == "value_error":
         message = str(ctx.get("error", first["msg"]))
     elif kind == "finite_number" or (kind == "float_type" and isinstance(value, int) and not isinstance(value, bool)):  # nan, inf, beyond float64
         message = f"{param} must be finite, got {str(value)[:50]}"

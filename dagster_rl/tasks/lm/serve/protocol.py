@@ -67,8 +67,9 @@ def _same(value: Any, neutral: Any) -> bool:
 
 
 def _fault(param: str, message: str) -> PydanticCustomError:
-    """A validator's fault, named by its field (`param`), with its own message."""
-    return PydanticCustomError("request_field", message, {"param": param})
+    """A validator's fault, named by its field (`param`), with its own message (in the context, not
+    the template: pydantic would fill a "{...}" of a client's value in)."""
+    return PydanticCustomError("request_field", "{message}", {"param": param, "message": message})
 
 
 class CompletionBody(_Body):
