@@ -32,13 +32,14 @@ _MUST_BE = {
     "list_type": "a list",
 }
 
-# a field's bound (pydantic's `ge`, `gt`, `le`), as this server words it
+# a field's bound (pydantic's `ge`, `gt`, `le`, `lt`), as this server words it
 _BOUND = {"greater_than_equal": ("ge", "at least"), "greater_than": ("gt", "more than"), "less_than_equal": ("le", "at most"), "less_than": ("lt", "less than")}
 
 
 def from_validation(error: ValidationError) -> APIError:
     """The first fault of a request's `ValidationError` as a 400 naming its field (`param`): the
-    message a validator raised, or "<field> must be <type>, got <value>" for a value of a wrong type."""
+    message a validator raised, or "<field> must be <type or bound>, got <value>" (its repr, cut at 200
+    characters)."""
     first = error.errors()[0]
     ctx = first.get("ctx") or {}
     loc = first["loc"]
@@ -51,10 +52,10 @@ def from_validation(error: ValidationError) -> APIError:
     elif kind == "finite_number" or (kind == "float_type" and isinstance(value, int) and not isinstance(value, bool)):  # nan, inf, beyond float64
         message = f"{param} must be finite, got {str(value)[:50]}"
     elif kind in _MUST_BE:
-        message = f"{param} must be {_MUST_BE[kind]}, got {value!r}"
+        message = f"{param} must be {_MUST_BE[kind]}, got {repr(value)[:200]}"
     elif kind in _BOUND:
         bound, words = _BOUND[kind]
-        message = f"{param} must be {words} {ctx[bound]}, got {value!r}"
+        message = f"{param} must be {words} {ctx[bound]}, got {repr(value)[:200]}"
     else:
         message = f"{param}: {first['msg']}, got {str(value)[:100]}"
     return APIError(HTTPStatus.BAD_REQUEST, message, param=param)
