@@ -44,17 +44,17 @@ def from_validation(error: ValidationError) -> APIError:
     ctx = first.get("ctx") or {}
     loc = first["loc"]
     param = str(ctx.get("param") or (loc[0] if loc else "")) or None
-    value, kind = first.get("input"), first["type"]
+    value, error_type = first.get("input"), first["type"]
     if "message" in ctx:  # a validator's own message
         message = str(ctx["message"])
-    elif kind == "value_error":
+    elif error_type == "value_error":
         message = str(ctx.get("error", first["msg"]))
-    elif kind == "finite_number" or (kind == "float_type" and isinstance(value, int) and not isinstance(value, bool)):  # nan, inf, beyond float64
+    elif error_type == "finite_number" or (error_type == "float_type" and isinstance(value, int) and not isinstance(value, bool)):  # nan, inf, beyond float64
         message = f"{param} must be finite, got {str(value)[:50]}"
-    elif kind in _MUST_BE:
-        message = f"{param} must be {_MUST_BE[kind]}, got {repr(value)[:200]}"
-    elif kind in _BOUND:
-        bound, words = _BOUND[kind]
+    elif error_type in _MUST_BE:
+        message = f"{param} must be {_MUST_BE[error_type]}, got {repr(value)[:200]}"
+    elif error_type in _BOUND:
+        bound, words = _BOUND[error_type]
         message = f"{param} must be {words} {ctx[bound]}, got {repr(value)[:200]}"
     else:
         message = f"{param}: {first['msg']}, got {str(value)[:100]}"

@@ -13,16 +13,13 @@ import time
 import uuid
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from dagster_rl.inference.vllm_client import NEUTRAL_SAMPLING
 from dagster_rl.tasks.lm.serve.errors import APIError, from_validation
-
-if TYPE_CHECKING:
-    from dagster_rl.tasks.lm.serve.engine import Engine
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 
@@ -52,6 +49,18 @@ class CompletionResult:
     logprobs: list[float]
     finish_reason: str  # stop (the stop token sampled, included) | length
     top: list[list[tuple[int, float]]] | None = None  # per token: the top k (id, log-prob), when asked
+
+
+class ServedModel(Protocol):
+    """What a request is checked against and answered with (`engine.Engine` is one)."""
+
+    name: str  # the base model's id
+    vocab: int  # token ids are in [0, vocab)
+    max_model_len: int | None  # prompt + max_tokens at most; None: not known
+    tokenizer: Any
+
+    def check_model(self, name: str) -> None:
+        """A 404 (`APIError`) unless `name` is the base model or a loaded adapter."""
 
 
 class _Body(BaseModel):
@@ -147,7 +156,7 @@ def validated(model: type[B], body: dict[str, Any], context: dict[str, Any] | No
         raise from_validation(e) from None
 
 
-def parse_completion_request(body: dict[str, Any], engine: "Engine") -> CompletionRequest:
+def parse_completion_request(body: dict[str, Any], engine: ServedModel) -> CompletionRequest:
     """A vLLM /v1/completions body, for the subset this server serves; errors as vLLM words them,
     each a 400 naming its field (`param`)."""
     fields = validated(CompletionBody, body, {"engine": engine})
@@ -195,7 +204,7 @@ def _stop_token(fields: CompletionBody, eos_id: int, vocab: int) -> tuple[int, i
     return stop, (None if stop == eos_id and not ignore_eos else stop)
 
 
-def completion_response(req: CompletionRequest, result: CompletionResult, engine: "Engine") -> dict[str, Any]:
+def completion_response(req: CompletionRequest, result: CompletionResult, engine: ServedModel) -> dict[str, Any]:
     """vLLM's CompletionResponse for one prompt and one choice."""
     tok = engine.tokenizer
 
