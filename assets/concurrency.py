@@ -124,7 +124,7 @@ def ensure_limit(instance, pool: str) -> None:
             raise
 
 
-def look_at_holders(instance, pool: str, experiment: str, me: DagsterRun, seen: set[str]) -> list[str]:
+def release_stale_holders(instance, pool: str, experiment: str, me: DagsterRun, seen: set[str]) -> list[str]:
     """Free the slots of finished runs, fail the runs of the experiment whose process is gone;
     return what this run's log should say (each waited-for run once)."""
     info = instance.event_log_storage.get_concurrency_info(pool)
@@ -196,7 +196,7 @@ class ExperimentExecutor(Executor):
             while True:
                 try:
                     for pool in pools:
-                        for message in look_at_holders(instance, pool, pool[len(POOL_PREFIX) :], run, seen):
+                        for message in release_stale_holders(instance, pool, pool[len(POOL_PREFIX) :], run, seen):
                             plan_context.log.info(message, extra=CONSOLE)  # the run's log, and the console
                     infos = [instance.event_log_storage.get_concurrency_info(p) for p in pools]
                     if all(run.run_id in i.active_run_ids for i in infos):

@@ -74,6 +74,7 @@ def starting_weights(instance: DagsterInstance, exp: Experiment, first_step: int
             f"Run step {missing[0]} first, e.g. the range {missing[0]}...{step_key(first_step)}."
         )
     record = instance.fetch_materializations(AssetRecordsFilter(asset_key=asset, asset_partitions=[prev]), limit=1).records[0]
+    assert record.asset_materialization is not None  # fetch_materializations returns materialization events alone
     metadata = record.asset_materialization.metadata
     foreign = not_ours({k: v.value for k, v in metadata.items()}, f"{exp.name}/weights {prev}", prev)
     if foreign:
@@ -186,7 +187,7 @@ def _latest_by_partition(instance: DagsterInstance, asset: AssetKey, partitions:
         page = instance.fetch_materializations(AssetRecordsFilter(asset_key=asset, asset_partitions=partitions), limit=PAGE, cursor=cursor)
         for record in page.records:
             m = record.asset_materialization
-            if m is not None and m.partition not in latest:
+            if m is not None and m.partition is not None and m.partition not in latest:
                 latest[m.partition] = {k: v.value for k, v in m.metadata.items()}
         if not page.has_more:
             break

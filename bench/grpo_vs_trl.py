@@ -236,7 +236,7 @@ def run_trl(args, model_dir: Path) -> dict:
 
     def reward(completions, reference, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]  # conversational: the assistant's turn
-        return [sum(score_text(t, ref, rubric)[1].values()) for t, ref in zip(texts, reference)]
+        return [sum(score_text(t, ref, rubric)[1].values()) for t, ref in zip(texts, reference, strict=True)]
 
     peft_config = lora_config(lora_of(args))
     batch = args.prompts * args.samples

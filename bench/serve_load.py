@@ -47,7 +47,7 @@ async def one_round(base_url: str, connections: int, timeout_s: float, seed0: in
         t0 = time.perf_counter()
         results = await asyncio.gather(*(send(s, t) for s, t in requests), return_exceptions=True)
         wall = time.perf_counter() - t0
-    for r, a in zip(requests, results):
+    for r, a in zip(requests, results, strict=True):
         if isinstance(a, ServerReplyError):
             wrong += 1
         elif isinstance(a, Exception):

@@ -35,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import lm_common  # noqa: F401  (sets the offline environment and sys.path first)
@@ -196,7 +197,7 @@ def main() -> None:
                     vllm_start = time.monotonic() - t0
                 for name, engine in engines.items():
                     try:
-                        out, wall, tokens = timed(lambda e=engine: e.generate(exp, requests, behavior, prompts.template), args.repeats)
+                        out, wall, tokens = timed(partial(engine.generate, exp, requests, behavior, prompts.template), args.repeats)
                     except Exception:  # a server that died: its own log says why
                         for s in servers:
                             print(f"--- {' '.join(s.command[:4])} ... its log:\n{s.log_tail(10**6)}", file=sys.stderr)

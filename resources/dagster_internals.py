@@ -6,7 +6,7 @@
   `check_run_worker_health` answers run monitoring (`resources.run_launcher`).
 - `AssetCheckEvaluationTargetMaterializationData`
   (`dagster._core.definitions.asset_checks.asset_check_evaluation`): names the materialization an
-  asset check's evaluation checked, so the UI shows the check on that step (`assets.driver`).
+  asset check's evaluation checked, so the UI shows the check on that step (`assets.weights_checks`).
 - `WorkspaceFileTarget` (`dagster._core.workspace.load_target`): reads `workspace.yaml` with the
   loader of the webserver and the daemon; `RemoteRepositoryOrigin`, `RemoteJobOrigin`
   (`dagster._core.remote_origin`): the code-location origin a run needs for the UI to list it

@@ -20,7 +20,7 @@ from dagster_rl.runtime.pods import PodJob
 from dagster_rl.core.retries import Limits
 from dagster_rl.judges.rubric_judge import RubricJudge
 from dagster_rl.inference.server_process import ADAPTER_ROOTS_ENV, ManagedServer
-from dagster_rl.core.task import Backend, Endpoint, JudgeBackend, RolloutEnv, TrainerEnv, task_of
+from dagster_rl.core.task import Endpoint, JudgeBackend, RolloutBackend, RolloutEnv, TrainerBackend, TrainerEnv, task_of
 from dagster_rl.inference.vllm_client import VLLMClient
 from dagster_rl.runtime.workers import Workers
 from resources.artifact_store import ArtifactStoreResource
@@ -104,7 +104,7 @@ class RolloutEnvironment(_Environment):
             self._server.stop()
             self._server = None
 
-    def backend_for(self, exp: Experiment) -> Backend:
+    def backend_for(self, exp: Experiment) -> RolloutBackend:
         env = RolloutEnv(self.limits(), Path(self.sandbox_root or tempfile.gettempdir()), self.endpoint())
         return task_of(exp.kind).backend("rollout", exp, env)
 
@@ -190,7 +190,7 @@ class TrainerEnvironment(_Environment):
     max_concurrency: int = Field(1, ge=1, le=bounds.MAX_CONCURRENCY)
     _built: list = PrivateAttr(default_factory=list)
 
-    def backend_for(self, exp: Experiment, context: AssetExecutionContext | Any) -> Backend:
+    def backend_for(self, exp: Experiment, context: AssetExecutionContext | Any) -> TrainerBackend:
         pods = _BoundPods(self.k8s, context) if self.k8s is not None else None
         env = TrainerEnv(self.limits(), launch=partial(self.launcher.run, context), pods=pods, start=partial(self.launcher.start, context))
         backend = task_of(exp.kind).backend("trainer", exp, env)

@@ -165,10 +165,10 @@ class PipesK8sJobLauncher(ConfigurableResource):
             + "\n".join(e[-3000:] for e in errors)
         )
 
-    def start(self, context: AssetExecutionContext | Any, job: PodJob) -> "K8sWorkers":
+    def start(self, context: AssetExecutionContext | Any, job: PodJob) -> "SessionPods":
         """Create the set of pods and return once pod 0 runs, leaving them running: a trainer
-        session's workers for a range of steps (`K8sWorkers`)."""
-        return K8sWorkers(self, context, job)
+        session's workers for a range of steps (`SessionPods`)."""
+        return SessionPods(self, context, job)
 
     def _attempt(self, context, pipes: PipesK8sClient, client: DagsterKubernetesClient, cluster: ClusterSettings, job: PodJob, name: str):
         ns = cluster.namespace
@@ -251,7 +251,7 @@ class PipesK8sJobLauncher(ConfigurableResource):
                 context.log.warning(f"could not delete trainer {what} {ns}/{name}: {e!r}")
 
 
-class K8sWorkers:
+class SessionPods:
     """A session's pods (`dagster_rl.runtime.workers.Workers`): one Indexed Job and its Service that live
     for the range, inside one Pipes session (pod 0's logs carry rank 0's message per step, read
     beside the driver as in `run`). `check`, at most every `poll_interval_s`: the run left STARTED

@@ -96,7 +96,7 @@ def test_the_trainer_job_and_service_of_the_gpu_experiment():
     assert env[MASTER_PORT]["value"] == str(service["spec"]["ports"][0]["port"]) == str(container["ports"][0]["containerPort"])
     assert env[COMPLETION_INDEX]["valueFrom"]["fieldRef"]["fieldPath"] == f"metadata.annotations['{INDEX_LABEL}']"
     assert {"DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES", "OMP_NUM_THREADS"} <= set(env)
-    # the pod command: torchrun, node rank = completion index, static rendezvous at pod 0, the worker entrypoint
+    # the pod command: torchrun, node rank = completion index, static rendezvous at pod 0, the trainer entrypoint
     cmd = container["command"]
     assert cmd[:3] == ["python", "-m", "torch.distributed.run"]
     assert cmd[cmd.index("--nnodes") + 1] == "2" and cmd[cmd.index("--nproc-per-node") + 1] == "1"

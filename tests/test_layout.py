@@ -78,6 +78,64 @@ def test_generic_code_never_imports_a_task_or_switches_on_a_kind():
     assert switches == []
 
 
+def project_modules() -> list[Path]:
+    return sorted(p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def documented_tree() -> set[str]:
+    """The module paths the tree in docs/internals.md (`## Module map`) names: a line ending in `/` opens
+    a folder at its indent, a `name.py` line is a module of the folder above it."""
+    text = (REPO / "docs" / "internals.md").read_text()
+    block = text.split("## Module map", 1)[1].split("```", 2)[1]
+    found, stack = set(), []
+    for line in block.splitlines():
+        name = line.strip().split(" ", 1)[0]
+        if not name:
+            continue
+        depth = (len(line) - len(line.lstrip())) // 2
+        del stack[depth:]
+        if name.endswith("/"):
+            stack.append(name.rstrip("/"))
+        elif name.endswith(".py"):
+            found.add("/".join([*stack, name]))
+    return found
+
+
+def test_the_module_map_in_internals_is_the_tree():
+    on_disk = {str(p.relative_to(REPO)) for p in project_modules() if p.name != "__init__.py"}
+    documented = documented_tree()
+    assert len(on_disk) > 80
+    assert sorted(on_disk - documented) == [], "modules missing from docs/internals.md's module map"
+    assert sorted(documented - on_disk) == [], "docs/internals.md's module map names modules that do not exist"
+
+
+def test_every_package_map_names_its_modules():
+    """Each package's docstring (its `__init__.py`) names every module and subpackage in it."""
+    missing = []
+    for init in (REPO / "dagster_rl").rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        for child in init.parent.iterdir():
+            name = child.stem if child.suffix == ".py" else child.name
+            if child.name in ("__init__.py", "__pycache__") or not (child.suffix == ".py" or (child / "__init__.py").exists()):
+                continue
+            if not re.search(rf"(?<![\w.]){re.escape(name)}\b", doc):
+                missing.append(f"{init.parent.relative_to(REPO)}: {name}")
+    assert missing == []
+
+
+def test_modules_and_classes_stay_small():
+    """No module over 500 lines, no class over 250: past that, a file holds more than one idea."""
+    big_modules, big_classes = [], []
+    for path in project_modules():
+        text = path.read_text()
+        if len(text.splitlines()) > 500:
+            big_modules.append(f"{path.relative_to(REPO)}: {len(text.splitlines())}")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 250:
+                big_classes.append(f"{path.relative_to(REPO)}:{node.name}: {node.end_lineno - node.lineno + 1}")
+    assert big_modules == [] and big_classes == []
+
+
 def imports_dagster_core(path: Path) -> bool:
     """Whether `path` imports Dagster's private `dagster._core` (at module level or in a function)."""
     for node in ast.walk(ast.parse(path.read_text())):

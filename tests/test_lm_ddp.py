@@ -1,4 +1,4 @@
-"""A 2-rank torchrun step through the worker entrypoint equals the single-process step."""
+"""A 2-rank torchrun step through the trainer entrypoint equals the single-process step."""
 
 import json
 

@@ -33,7 +33,7 @@ def test_a_long_phase_is_listed_with_its_time_until_it_ends():
 def test_the_driver_reports_a_long_phase_while_it_runs():
     """`reporting` logs the running phases every interval: a warm-up that takes longer than the
     interval shows on the console before it ends (tiny_gsm8k's warm-up was silent for 1 min 49 s)."""
-    from assets.driver import reporting
+    from assets.progress_reporting import reporting
 
     progress, said = Progress(), []
     with reporting(progress, said.append, every_s=0.05), progress.doing("tiny_gsm8k/sft: the warm-up"):
@@ -52,7 +52,7 @@ def test_a_step_time_is_the_time_the_loop_took_not_the_time_dagster_took_to_reco
     """The terminal's `0.41 s` of a step: what the loop took to produce it. The driver's yields
     (Dagster recording materializations and checks, about 0.4 s a step on SQLite) are not in it:
     a cache hit and a miss showed the same 0.5 s before."""
-    from assets.driver import _timed
+    from assets.progress_reporting import timed
 
     clock = [0.0]
 
@@ -63,7 +63,7 @@ def test_a_step_time_is_the_time_the_loop_took_not_the_time_dagster_took_to_reco
         yield "0001"
 
     seen = []
-    for item, seconds in _timed(loop(), clock=lambda: clock[0]):
+    for item, seconds in timed(loop(), clock=lambda: clock[0]):
         seen.append((item, seconds))
         clock[0] += 0.5  # Dagster records what the driver yielded
     assert [i for i, _ in seen] == ["0000", "0001"] and [round(s, 6) for _, s in seen] == [2.0, 0.005]

@@ -22,7 +22,12 @@ import pytest
 import torch
 
 from dagster_rl.tasks.lm.model.policy import ADAPTER, ADAPTER_CONFIG, checkpoint_bytes, load_policy, save_checkpoint
-from dagster_rl.tasks.lm.serve.app import APIError, App, BatchCancelled, Batcher, CompletionRequest, CompletionResult, Engine, add_arguments, parse_completion_request
+from dagster_rl.tasks.lm.serve.app import App
+from dagster_rl.tasks.lm.serve.batcher import BatchCancelled, Batcher
+from dagster_rl.tasks.lm.serve.cli import add_arguments
+from dagster_rl.tasks.lm.serve.engine import Engine
+from dagster_rl.tasks.lm.serve.errors import APIError
+from dagster_rl.tasks.lm.serve.protocol import CompletionRequest, CompletionResult, parse_completion_request
 from dagster_rl.tasks.lm.settings import LoRASettings, PolicySettings
 from dagster_rl.inference.vllm_client import ServerSampling, VLLMClient
 from tests.serve_process import ServeProcess, post

@@ -143,11 +143,13 @@ def test_the_requests_state_every_sampling_field_of_vllms_completion_request():
     neither the sampled tokens nor their log-probabilities: a vLLM that adds a field fails here."""
     python = require_vllm()
     listed = subprocess.run(
-        [python, "-c", "import json; from vllm.entrypoints.openai.completion.protocol import CompletionRequest as C; print(json.dumps(sorted(C.model_fields)))"],
+        [python, "-c", "import json; from vllm.entrypoints.openai.completion.protocol import CompletionRequest as C; "
+         "print(json.dumps({n: repr(f.get_default(call_default_factory=True)) for n, f in sorted(C.model_fields.items())}))"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert listed.returncode == 0, listed.stderr[-3000:]
-    fields = set(json.loads(listed.stdout.strip().splitlines()[-1]))
+    defaults = json.loads(listed.stdout.strip().splitlines()[-1])  # field -> repr of vLLM's default
+    fields = set(defaults)
     body = completion_body("m", [1], ServerSampling(1.0, 1.0, 4, (1,)), seed=0)
     not_sampling = {
         "add_special_tokens",  # text prompts only: ours are token ids
@@ -160,7 +162,13 @@ def test_the_requests_state_every_sampling_field_of_vllms_completion_request():
     }  # fmt: skip
     assert set(body) <= fields, f"sent but unknown to vLLM {VLLM_VERSION}: {set(body) - fields}"
     assert fields - set(body) <= not_sampling, f"fields of vLLM's CompletionRequest the requests leave to the server: {fields - set(body) - not_sampling}"
-    assert set(NEUTRAL_SAMPLING) <= set(body)
+    # the one table of neutral sampling fields (what the requests send, what dagster-rl serve accepts):
+    # every row a request sends is sent, no row vLLM does not know is sent, and vLLM's own default of
+    # each row it knows is one of the row's neutral values (a row left out is neutral on vLLM too)
+    assert {n for n, f in NEUTRAL_SAMPLING.items() if f.sent} <= set(body)
+    assert all(not NEUTRAL_SAMPLING[n].sent for n in set(NEUTRAL_SAMPLING) - fields), set(NEUTRAL_SAMPLING) - fields
+    not_neutral = {n: defaults[n] for n, f in NEUTRAL_SAMPLING.items() if n in defaults and defaults[n] not in {repr(v) for v in f.accepted}}
+    assert not not_neutral, f"vLLM {VLLM_VERSION}'s defaults that are not neutral values of NEUTRAL_SAMPLING: {not_neutral}"
 
 
 def test_a_completion_stops_where_the_sampler_stops_not_at_the_generation_configs_eos_ids(vllm):

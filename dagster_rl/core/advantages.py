@@ -27,4 +27,4 @@ def group_normalized_advantages(groups: Sequence[Hashable], rewards: Sequence[fl
 
 
 def groups_with_signal(groups: Sequence[Hashable], advantages: Sequence[float]) -> int:
-    return len({g for g, a in zip(groups, advantages) if a != 0.0})
+    return len({g for g, a in zip(groups, advantages, strict=True) if a != 0.0})

@@ -87,7 +87,7 @@ class _Walk:
         elif isinstance(a, list) and isinstance(b, list):
             if len(a) != len(b):
                 self.note(f"{where} (length)", len(a), len(b), structural=True)
-            for i, (x, y) in enumerate(zip(a, b)):
+            for i, (x, y) in enumerate(zip(a, b, strict=False)):
                 self.value(f"{where}[{i}]", x, y)
         elif a != b:
             self.note(where, a, b, structural=True)

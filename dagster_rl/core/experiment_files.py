@@ -102,7 +102,8 @@ def read_bounded(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
             try:
                 chunk = os.read(fd, limit + 1 - len(data))
             except OSError as e:  # EAGAIN cannot happen on a regular file; anything else: unreadable
-                raise ExperimentError(f"{path}: cannot be read: {errno.errorcode.get(e.errno, e.strerror)}") from None
+                name = errno.errorcode.get(e.errno, e.strerror) if e.errno is not None else e.strerror
+                raise ExperimentError(f"{path}: cannot be read: {name}") from None
             if not chunk:
                 break
             data += chunk

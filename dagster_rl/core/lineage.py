@@ -39,7 +39,7 @@ def trace(store: ArtifactStore, weights_key: str) -> list[StepLineage]:
 
     Reads the lineage fields every task's artifacts share, so it serves every task kind.
     """
-    chain = []
+    chain: list[StepLineage] = []
     key = weights_key
     while True:
         files = store.get_all("weights", key)

@@ -23,7 +23,8 @@ from dagster_rl.store.artifact_store import DATA, ArtifactRef, ArtifactStore
 from dagster_rl.core.task import JudgeBackend, Warn
 
 X = TypeVar("X")
-V = TypeVar("V", Rollouts, Rewards)
+V = TypeVar("V", bound=Rollouts | Rewards)  # a trial set
+RW = TypeVar("RW", bound=Rewards)  # a task's rewards record
 Outcome = Any  # a task's trajectory or reward (it has a `trial_id`), or a TrialFailed
 
 
@@ -139,8 +140,8 @@ class Judged:
     def judge(self, exp: Any, trajectories: list, judge: JudgeBackend, done: Callable[[int], None] = lambda n: None) -> list[Outcome]:
         """One outcome per trajectory: the judgement made while generating, else judged now."""
         known = [self._by_trial.get(t.trial_id) for t in trajectories]
-        reused = [k[1] for t, k in zip(trajectories, known) if k is not None and k[0] == t]
-        fresh = [t for t, k in zip(trajectories, known) if k is None or k[0] != t]
+        reused = [k[1] for t, k in zip(trajectories, known, strict=True) if k is not None and k[0] == t]
+        fresh = [t for t, k in zip(trajectories, known, strict=True) if k is None or k[0] != t]
         return reused + judge_all(exp, fresh, judge, done)
 
 
@@ -152,15 +153,15 @@ def step_rewards(
     judged: Judged,
     judge: JudgeBackend,
     warn: Warn,
-    record: type[V],
+    record: type[RW],
     done: Callable[[int], None] = lambda n: None,
-) -> Stored[V]:
+) -> Stored[RW]:
     """A step's rewards: a trial set over the rollouts' trajectories (judged while generating, or
     now), stored under `key`. Fails the step, once what succeeded is stored, when too few trials
     are usable."""
     trajectories = {t.trial_id: t for t in rollouts.value.trajectories}
 
-    def make(rewards: list, failed: list[str]) -> Rewards:
+    def make(rewards: list, failed: list[str]) -> RW:
         return record(
             step=rollouts.value.step,
             rollouts_key=rollouts.ref.key,

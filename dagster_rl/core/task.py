@@ -54,21 +54,23 @@ Words, one per idea:
 import argparse
 import importlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar, overload
 
 from pydantic import BaseModel
 
 from dagster_rl.core.checks import CheckOutcome
 from dagster_rl.core.experiment import Experiment
-from dagster_rl.runtime.pods import PodLauncher
 from dagster_rl.core.progress import Progress
 from dagster_rl.core.retries import Limits
-from dagster_rl.store.artifact_store import ArtifactRef, ArtifactStore
+from dagster_rl.runtime.pods import PodLauncher
 from dagster_rl.runtime.workers import Start
+from dagster_rl.store.artifact_store import ArtifactRef, ArtifactStore
 
 E = TypeVar("E", bound=Experiment)
+E_in = TypeVar("E_in", bound=Experiment, contravariant=True)  # a loop takes its task's experiments
 P = TypeVar("P")  # what a task's weights hold in memory (a tabular prior, checkpoint files, ...)
 Warn = Callable[[str], None]
 Tier = Literal["rollout", "judge", "trainer"]
@@ -126,15 +128,15 @@ class WarmupResult(BaseModel):
     metadata: dict[str, float | int | str]
 
 
-class TaskLoop(Protocol[E, P]):
-    def initial_weights(self, exp: E, store: ArtifactStore) -> Weights[P]:
+class TaskLoop(Protocol[E_in, P]):
+    def initial_weights(self, exp: E_in, store: ArtifactStore) -> Weights[P]:
         """The weights of step 0's rollouts: deterministic, so step 0 hashes the same in every run."""
 
-    def load_weights(self, exp: E, store: ArtifactStore, partition: str, key: str) -> Weights[P]:
+    def load_weights(self, exp: E_in, store: ArtifactStore, partition: str, key: str) -> Weights[P]:
         """The weights stored under `key` by step `partition`."""
 
     def iter_steps(
-        self, exp: E, steps: Sequence[int], start: Weights[P], store: ArtifactStore, backends: "Backends", warn: Warn
+        self, exp: E_in, steps: Sequence[int], start: Weights[P], store: ArtifactStore, backends: "Backends[Any, Any]", warn: Warn
     ) -> Iterator[StepResult | StepAsset]:
         """Walk `steps` in order from `start`, yielding each step's result as soon as it is stored."""
 
@@ -143,28 +145,48 @@ class JudgeBackend(Protocol):
     """Scores one trajectory: `reward = verified + score`. `cache_version` (or None) names a judge
     other than the task's own rubric in the rewards' cache key."""
 
-    limits: Limits
-    cache_version: str | None
+    @property
+    def limits(self) -> Limits: ...
+
+    @property
+    def cache_version(self) -> str | None: ...
 
     def judge(self, exp: Any, trajectory: Any) -> Any: ...
 
 
-class Backend(Protocol):
-    """A rollout or trainer backend: its methods are the task's own; its limits are the environment's.
-    A backend that holds something for a range of steps (a trainer session's workers) has a
-    `close()`, which the driver calls when the range ends, however it ends."""
+class RolloutBackend(Protocol):
+    """Generates a step's trials: what every rollout backend provides, its environment's limits
+    (retries, timeout, concurrency). Its methods are its task's, declared by the task as a protocol
+    that extends this one and that its loop calls: `LMRolloutBackend.generate` (a step's requests
+    in one call), `SecretSearchRolloutBackend.run` (one trial per call)."""
 
-    limits: Limits
+    @property
+    def limits(self) -> Limits: ...
+
+
+class TrainerBackend(Protocol):
+    """Trains a step's weights on its rewards: what every trainer backend provides, its environment's
+    limits. Its `train` is its task's (`LMTrainerBackend`, `SecretSearchTrainerBackend`). A backend
+    that holds something for a range of steps (a trainer session's workers) has a `close()`, which
+    the driver calls when the range ends, however it ends (`Backends.closed_at_end`)."""
+
+    @property
+    def limits(self) -> Limits: ...
+
+
+RB = TypeVar("RB", bound=RolloutBackend)
+TB = TypeVar("TB", bound=TrainerBackend)
 
 
 @dataclass(frozen=True)
-class Backends:
+class Backends(Generic[RB, TB]):
     """The backends one loop calls, built by the environments (or directly in a plain loop), and
-    where the loop reports how far its running steps are (trials generated and judged)."""
+    where the loop reports how far its running steps are (trials generated and judged). A loop
+    names the backends it calls, e.g. `Backends[LMRolloutBackend, LMTrainerBackend]`."""
 
-    rollout: Any
+    rollout: RB
     judge: JudgeBackend
-    trainer: Any
+    trainer: TB
     progress: Progress = field(default_factory=Progress)
 
     def close(self) -> None:
@@ -179,6 +201,20 @@ class Backends:
                     errors.append(e)
         if errors:
             raise errors[0]
+
+    @contextmanager
+    def closed_at_end(self, warn: Warn) -> Iterator[None]:
+        """The range's backends, closed when the block ends, however it ends (a trainer session's
+        workers stop). A failure to close is reported, never raised over the error that ended the range."""
+        try:
+            yield
+        except BaseException:
+            try:
+                self.close()
+            except Exception as e:  # noqa: BLE001 - the error that ended the range is the one to report
+                warn(f"closing the backends after a failed range: {e!r}")
+            raise
+        self.close()
 
 
 Launch = Callable[[list[str], dict[str, str]], None]  # run a command (the trainer's torchrun) with extra env
@@ -280,8 +316,8 @@ class Task(Generic[E]):
     experiment: type[E]
     loop: Callable[[], TaskLoop]
     score: Callable[[Any, Any], Any]
-    rollout: Mapping[str, Callable[[E, RolloutEnv], Backend]]
-    trainer: Mapping[str, Callable[[E, TrainerEnv], Backend]]
+    rollout: Mapping[str, Callable[[E, RolloutEnv], RolloutBackend]]
+    trainer: Mapping[str, Callable[[E, TrainerEnv], TrainerBackend]]
     grading: LLMGrading | None = None
     step_assets: tuple[StepAssetSpec, ...] = field(default=())
     warmup: WarmupSpec | None = None
@@ -293,9 +329,15 @@ class Task(Generic[E]):
         """The warm-up asset this experiment has, if any."""
         return self.warmup if self.warmup is not None and self.warmup.applies(exp) else None
 
-    def backend(self, tier: Literal["rollout", "trainer"], exp: E, env: RolloutEnv | TrainerEnv) -> Backend:
+    @overload
+    def backend(self, tier: Literal["rollout"], exp: E, env: RolloutEnv) -> RolloutBackend: ...
+
+    @overload
+    def backend(self, tier: Literal["trainer"], exp: E, env: TrainerEnv) -> TrainerBackend: ...
+
+    def backend(self, tier: Literal["rollout", "trainer"], exp: E, env: Any) -> RolloutBackend | TrainerBackend:
         """The backend of `tier` that the experiment names (`exp.backends()`), built for `env`."""
-        factories = self.rollout if tier == "rollout" else self.trainer
+        factories: Mapping[str, Callable[[E, Any], RolloutBackend | TrainerBackend]] = self.rollout if tier == "rollout" else self.trainer
         name = exp.backends()[tier]
         if name not in factories:
             raise ValueError(f"task {self.kind} has no {tier} backend {name!r}; it has {', '.join(sorted(factories))}")

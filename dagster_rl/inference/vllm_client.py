@@ -37,33 +37,60 @@ TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
 # float32 rounding (vLLM and serve compute it as x - max - log(sum exp(x - max)), exactly <= 0 on the CPU)
 LOGPROB_SLACK = 1e-5
 
-# The fields of vLLM 0.32's CompletionRequest that change which tokens are sampled, or their
+@dataclass(frozen=True)
+class Neutral:
+    """A sampling field at its neutral value: `value`, what every request sends (when `sent`), and
+    `same`, other values that mean the same to vLLM. `dagster-rl serve` implements none of these
+    fields: it accepts `value` and `same` and refuses any other value."""
+
+    value: Any
+    same: tuple[Any, ...] = ()
+    sent: bool = True  # False: requests leave it out (a field unknown to vLLM 0.32, or one that only a text prompt or beam search reads)
+
+    @property
+    def accepted(self) -> tuple[Any, ...]:
+        return (self.value, *self.same)
+
+
+# The fields of vLLM's CompletionRequest that change which tokens are sampled, or their
 # log-probabilities, other than the ones the experiment sets (temperature, top_p, max_tokens, the
 # stop tokens, seed), at their neutral values: what no distribution the trainer scores depends on.
-# tests/test_vllm_real.py checks this table against the installed vLLM's CompletionRequest.
-NEUTRAL_SAMPLING: dict[str, Any] = {
-    "n": 1,
-    "top_k": 0,  # 0: off (vLLM 0.32 refuses -1)
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "min_tokens": 0,  # > 0 masks the stop tokens until then
-    "stop": [],  # no stop strings: a completion ends at a stop token or at max_tokens
-    "logit_bias": None,
-    "allowed_token_ids": None,
-    "bad_words": [],
-    "watermarking": False,  # None means on, where the server has a watermark configured
-    "use_beam_search": False,
-    "echo": False,
-    "truncate_prompt_tokens": None,  # the whole prompt, never a cut one
-    "structured_outputs": None,
-    "response_format": None,
-    "repetition_detection": None,
-    "thinking_token_budget": None,
-    "logprob_token_ids": None,
-    "vllm_xargs": None,
+# The one table: the client sends it, `dagster-rl serve` refuses every other value of it;
+# tests/test_vllm_real.py checks it against the installed vLLM's CompletionRequest.
+NEUTRAL_SAMPLING: dict[str, Neutral] = {
+    "n": Neutral(1, (None,)),
+    "best_of": Neutral(None, (1,), sent=False),  # older vLLMs' field: vLLM 0.32 does not know it
+    "use_beam_search": Neutral(False, (None,)),
+    "echo": Neutral(False, (None,)),
+    "stream": Neutral(False, (None,)),
+    "suffix": Neutral(None, sent=False),
+    "top_k": Neutral(0, (None,)),  # 0: off (vLLM 0.32 refuses -1)
+    "min_p": Neutral(0.0, (None,)),
+    "repetition_penalty": Neutral(1.0, (None,)),
+    "presence_penalty": Neutral(0.0, (None,)),
+    "frequency_penalty": Neutral(0.0, (None,)),
+    "length_penalty": Neutral(1.0, (None,), sent=False),  # beam search only
+    "min_tokens": Neutral(0, (None,)),  # > 0 masks the stop tokens until then
+    "stop": Neutral([], (None,)),  # no stop strings: a completion ends at a stop token or at max_tokens
+    "logit_bias": Neutral(None, ({},)),
+    "allowed_token_ids": Neutral(None),
+    "bad_words": Neutral([], (None,)),
+    "watermarking": Neutral(False, (None,)),  # vLLM: None means on, where the server has a watermark configured
+    "truncate_prompt_tokens": Neutral(None),  # the whole prompt, never a cut one
+    "structured_outputs": Neutral(None),
+    "response_format": Neutral(None, ({"type": "text"},)),
+    "repetition_detection": Neutral(None),
+    "thinking_token_budget": Neutral(None),
+    "logprob_token_ids": Neutral(None, ([],)),
+    "prompt_logprobs": Neutral(None, sent=False),
+    "prompt_embeds": Neutral(None, sent=False),
+    "vllm_xargs": Neutral(None, ({},)),
 }
+
+
+def neutral_fields() -> dict[str, Any]:
+    """What a request sends of `NEUTRAL_SAMPLING`."""
+    return {name: field.value for name, field in NEUTRAL_SAMPLING.items() if field.sent}
 
 
 class ServerReplyError(DagsterRLError):
@@ -84,7 +111,7 @@ class ServerSampling:
     def fields(self) -> dict[str, Any]:
         """The request's sampling fields: every one of them, never the server's defaults."""
         return {
-            **NEUTRAL_SAMPLING,
+            **neutral_fields(),
             "temperature": self.temperature,
             "top_p": self.top_p,
             "max_tokens": self.max_tokens,
@@ -111,7 +138,6 @@ def completion_body(model: str, prompt_ids: list[int], sampling: ServerSampling,
         **sampling.fields(),
         "logprobs": logprobs,
         "return_tokens_as_token_ids": True,
-        "stream": False,
     }
 
 

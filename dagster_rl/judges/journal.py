@@ -17,7 +17,7 @@ the reply, and the retry calls again); everything after the write replays.
 """
 
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
@@ -107,6 +107,6 @@ class JudgeJournal:
             request=request,
             **bounded_reply(reply),
             score=score,
-            recorded_at=datetime.now(timezone.utc).isoformat(),
+            recorded_at=datetime.now(UTC).isoformat(),
         )
         return self.record(entry), False

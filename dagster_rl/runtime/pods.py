@@ -96,7 +96,8 @@ class PodLauncher(Protocol):
     and leaves them running (a session's workers). `workdir` is a folder on storage that this
     process and the pods read and write at the same path (where a backend puts the pods' inputs)."""
 
-    workdir: Path
+    @property
+    def workdir(self) -> Path: ...
 
     def run(self, job: PodJob) -> None: ...
 

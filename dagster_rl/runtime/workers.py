@@ -1,9 +1,12 @@
-"""Workers that outlive one call: what a backend holds while they live, and how a launcher keeps them.
+"""Workers: the processes a trainer session holds across calls, for a range of steps, and how a
+launcher keeps them.
 
-A trainer session (`dagster_rl.tasks.lm.train.session`) starts its workers once per range of steps: `torchrun`
-on this machine (a `Start`), or an Indexed Job of pods (`dagster_rl.runtime.pods.PodLauncher.start`). The
-launcher hands back a `Workers`: the backend polls it while it waits for a result, and closes it
-when the range ends, after it has told the workers to stop.
+A trainer session (`dagster_rl.tasks.lm.train.session`) starts its workers once per range of steps,
+each running the trainer entrypoint (`dagster_rl.tasks.lm.train.entrypoint`): `torchrun` on this
+machine (a `Start`: `ProcessWorkers` here, `resources.trainer_launcher.PipesWorkers` through
+Dagster Pipes), or an Indexed Job of pods (`dagster_rl.runtime.pods.PodLauncher.start`:
+`resources.k8s_launcher.SessionPods`). The launcher hands back a `Workers`: the backend polls it
+while it waits for a result, and closes it when the range ends, after it has told the workers to stop.
 """
 
 import os

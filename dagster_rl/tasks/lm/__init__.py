@@ -8,8 +8,13 @@ imports Dagster.
     rewards      verifier + rubric: accuracy and format
     grading      the LLM judge's prompt and reward for a completion
     evaluation   greedy accuracy on the held-out prompts
-    backends     the rollout (`hf`) and trainer (`in_process`, `torchrun`) backends
-    loop         the step: generate, judge, train, evaluate, pipelined
+    backend_protocols  what the loop calls on its rollout and trainer backends
+    backends     the rollout (`hf`) and trainer (`in_process`, `torchrun`, `k8s`) backends
+    code_versions  the code version in every key of each kind of artifact
+    weights      stored weights, and step 0's: the base's fresh adapter or the warm-up's (`<exp>/sft`)
+    step_generation  a step's rollouts and rewards: generated, judged as they land, stored
+    step_evaluation  a step's held-out evaluation (`<exp>/evaluation`)
+    loop         the steps: generate, train, evaluate, pipelined
     in_memory    one step in memory, no store (tests, benchmarks)
 
     model/       the policy (base + LoRA), where its weights come from, its log-probabilities

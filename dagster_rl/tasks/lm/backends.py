@@ -37,7 +37,7 @@ from dagster_rl.tasks.lm.train.session import SessionEnded, SessionSpec, Trainer
 from dagster_rl.tasks.lm.records import LMRollout, RolloutRequest
 from dagster_rl.tasks.lm.rollout.hf import generate_rollouts
 from dagster_rl.tasks.lm.train.trainer import OldLogp, TrainMetrics
-from dagster_rl.tasks.lm.train.entrypoint import CHECKPOINT_DIR, METRICS, TIMINGS, HeldBox, TrainBatch, TrainJob, launch_torchrun, run_job, write_job
+from dagster_rl.tasks.lm.train.entrypoint import CHECKPOINT_DIR, METRICS, TIMINGS, TrainerStateSlot, TrainBatch, TrainJob, launch_torchrun, run_job, write_job
 from dagster_rl.runtime.pods import COMPLETION_INDEX, MASTER_ADDR, MASTER_PORT, PodJob, PodLauncher
 from dagster_rl.core.records import TrialFailed
 from dagster_rl.core.retries import Limits, with_retries
@@ -72,7 +72,8 @@ class PolicyCache:
     read from disk `size` times per run, not once per step)."""
 
     def __init__(self, size: int = 2):
-        self.size, self._items, self._lock = size, OrderedDict(), threading.Lock()
+        self.size, self._lock = size, threading.Lock()
+        self._items: OrderedDict[str, _Loaded] = OrderedDict()
 
     @contextmanager
     def use(self, exp: LMExperiment, files: dict[str, bytes]) -> Iterator[Policy]:
@@ -168,7 +169,7 @@ class SessionSlot:
 
 @dataclass(frozen=True)
 class LMTrainer:
-    """One GRPO update through the worker entrypoint: in this process when neither `launch` nor
+    """One GRPO update through the trainer entrypoint: in this process when neither `launch` nor
     `pods` is set; `nproc_per_node` torchrun workers on this machine; or `nproc_per_node` torchrun
     workers in each pod of a `PodJob` placed by `pods`.
 
@@ -184,7 +185,7 @@ class LMTrainer:
     threads_per_process: int = 1
     workdir: Path | None = None
     pods: PodLauncher | None = None
-    memory: HeldBox = field(default_factory=HeldBox, compare=False, repr=False)  # the in-process trainer's
+    memory: TrainerStateSlot = field(default_factory=TrainerStateSlot, compare=False, repr=False)  # the in-process trainer's
     sessions: SessionSlot = field(default_factory=SessionSlot, compare=False, repr=False)
     log: list[dict[str, float]] = field(default_factory=list, compare=False, repr=False)  # per update: wall and worker timings
 
@@ -243,7 +244,7 @@ class LMTrainer:
             self.pods.run(self.pod_job(exp, job_path, step))
         elif self.launch is None:
             with self.memory.lock:
-                run_job(job, box=self.memory)
+                run_job(job, slot=self.memory)
         else:
             self.launch(launch_torchrun(job_path, self.nproc_per_node), self._env())
         out = tmp / "output"

@@ -20,13 +20,13 @@ class Evaluation(Record):
 
 def evaluate(policy: Policy, prompt_set: PromptSet, rubric: LMRubric, max_new_tokens: int, weights_hash: str = "") -> Evaluation:
     texts = greedy_completions(policy, prompt_set.eval, prompt_set.template, max_new_tokens)
-    scored = [score_text(t, it.reference, rubric) for t, it in zip(texts, prompt_set.eval)]
-    correct = [a is not None and a == it.reference for (a, _), it in zip(scored, prompt_set.eval)]
+    scored = [score_text(t, it.reference, rubric) for t, it in zip(texts, prompt_set.eval, strict=True)]
+    correct = [a is not None and a == it.reference for (a, _), it in zip(scored, prompt_set.eval, strict=True)]
     n = len(texts)
     return Evaluation(
         weights_hash=weights_hash,
         n=n,
         accuracy=sum(correct) / n if n else 0.0,
         mean_reward=sum(sum(c.values()) for _, c in scored) / n if n else 0.0,
-        answers={it.id: t for it, t in zip(prompt_set.eval, texts)},
+        answers={it.id: t for it, t in zip(prompt_set.eval, texts, strict=True)},
     )

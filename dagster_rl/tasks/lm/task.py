@@ -4,6 +4,7 @@ Its loop and backends import torch, so they are imported when a run builds them,
 code location loads its experiments.
 """
 
+from dagster_rl.tasks.lm.backend_protocols import LMRolloutBackend, LMTrainerBackend
 from dagster_rl.tasks.lm.experiment import LMExperiment
 from dagster_rl.tasks.lm.grading import LMGrading
 from dagster_rl.tasks.lm.rewards import score
@@ -23,13 +24,13 @@ def _warmup(exp: LMExperiment, store: ArtifactStore) -> WarmupResult:
     return LMLoop().warmup(exp, store)
 
 
-def _hf(exp: LMExperiment, env: RolloutEnv):
+def _hf(exp: LMExperiment, env: RolloutEnv) -> LMRolloutBackend:
     from dagster_rl.tasks.lm.backends import HFRollouts
 
     return HFRollouts(limits=env.limits)
 
 
-def _openai_server(exp: LMExperiment, env: RolloutEnv):
+def _openai_server(exp: LMExperiment, env: RolloutEnv) -> LMRolloutBackend:
     from dagster_rl.tasks.lm.rollout.openai_client import ServerRollouts
 
     if env.endpoint is None:
@@ -40,13 +41,13 @@ def _openai_server(exp: LMExperiment, env: RolloutEnv):
     return ServerRollouts(env.endpoint, env.limits)
 
 
-def _in_process(exp: LMExperiment, env: TrainerEnv):
+def _in_process(exp: LMExperiment, env: TrainerEnv) -> LMTrainerBackend:
     from dagster_rl.tasks.lm.backends import LMTrainer
 
     return LMTrainer(limits=env.limits)
 
 
-def _torchrun(exp: LMExperiment, env: TrainerEnv):
+def _torchrun(exp: LMExperiment, env: TrainerEnv) -> LMTrainerBackend:
     from dagster_rl.tasks.lm.backends import LMTrainer, subprocess_launch, subprocess_start
 
     return LMTrainer(
@@ -58,7 +59,7 @@ def _torchrun(exp: LMExperiment, env: TrainerEnv):
     )
 
 
-def _k8s(exp: LMExperiment, env: TrainerEnv):
+def _k8s(exp: LMExperiment, env: TrainerEnv) -> LMTrainerBackend:
     from dagster_rl.tasks.lm.backends import LMTrainer
 
     if env.pods is None:

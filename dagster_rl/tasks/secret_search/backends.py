@@ -1,4 +1,6 @@
-"""The secret_search task's backends: trials in a sandbox, and the tabular update, in-process.
+"""The secret_search task's backends: what its loop calls on them (`SecretSearchRolloutBackend`,
+`SecretSearchTrainerBackend`), and the ones it ships: trials in a sandbox, and the tabular update,
+in-process.
 
 Each holds its environment's limits (retries, timeout, concurrency). The Dagster resources in
 `resources/` build them through the task's record (`secret_search.task`); a plain Python loop can
@@ -9,15 +11,30 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from dagster_rl.core import counters
 from dagster_rl.core.errors import SandboxError
 from dagster_rl.core.faults import maybe_fail
 from dagster_rl.core.retries import Limits, with_retries
+from dagster_rl.core.task import RolloutBackend, TrainerBackend
 from dagster_rl.tasks.secret_search.agent import run_agent
 from dagster_rl.tasks.secret_search.experiment import SecretSearchExperiment
 from dagster_rl.tasks.secret_search.records import Reward, TabularWeights, Trajectory, TrialSpec
 from dagster_rl.tasks.secret_search.update import update
+
+
+class SecretSearchRolloutBackend(RolloutBackend, Protocol):
+    def run(self, exp: SecretSearchExperiment, spec: TrialSpec, weights: TabularWeights, world: dict[str, bytes]) -> Trajectory:
+        """One trial: the agent with the behavior `weights` in a private copy of `world`, after its retries."""
+        ...
+
+
+class SecretSearchTrainerBackend(TrainerBackend, Protocol):
+    def train(self, exp: SecretSearchExperiment, weights: TabularWeights, rewards: list[Reward]) -> tuple[TabularWeights, dict[str, float]]:
+        """The update of `weights` on a step's rewards, and its numbers (groups, groups_with_signal,
+        samples_used, grad_norm)."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from functools import partial
 
 from dagster_rl.core import counters
 from dagster_rl.core.checks import step_checks
@@ -17,6 +18,7 @@ from dagster_rl.core.experiment import step_key
 from dagster_rl.core.hashing import cache_key, canonical_json, seed_of
 from dagster_rl.core.records import STATS, Rewards, Rollouts, TrialFailed
 from dagster_rl.core.retries import AttemptsExhausted
+from dagster_rl.tasks.secret_search.backends import SecretSearchRolloutBackend, SecretSearchTrainerBackend
 from dagster_rl.tasks.secret_search.experiment import SecretSearchExperiment as Exp
 from dagster_rl.tasks.secret_search.prior import uniform
 from dagster_rl.tasks.secret_search.records import Reward, TabularTrainStats, TabularWeights, Trajectory, TrialSpec
@@ -34,6 +36,7 @@ CODE_VERSIONS = {
 }
 log = logging.getLogger("dagster_rl")
 Worlds = dict[str, tuple[ArtifactRef, dict[str, bytes]]]
+SecretSearchBackends = Backends[SecretSearchRolloutBackend, SecretSearchTrainerBackend]
 
 
 def initial_weights(exp: Exp, store: ArtifactStore) -> Weights[TabularWeights]:
@@ -57,7 +60,7 @@ def ensure_worlds(exp: Exp, store: ArtifactStore) -> Worlds:
     worlds = {}
     for w in used_worlds(exp):
         key = cache_key("world", WORLD_CODE_VERSION, world_id=w, n_docs=exp.task.n_docs)
-        files, ref, _ = store.get_or_put_files("worlds", key, lambda w=w: build_world(w, exp.task.n_docs))
+        files, ref, _ = store.get_or_put_files("worlds", key, partial(build_world, w, exp.task.n_docs))
         worlds[w] = (ref, files)
     return worlds
 
@@ -74,7 +77,7 @@ def plan_trials(exp: Exp, step: int) -> list[TrialSpec]:
 
 
 def run_step(
-    exp: Exp, step: int, start: Weights[TabularWeights], store: ArtifactStore, backends: Backends, warn: Warn = log.warning
+    exp: Exp, step: int, start: Weights[TabularWeights], store: ArtifactStore, backends: SecretSearchBackends, warn: Warn = log.warning
 ) -> tuple[StepResult, Weights[TabularWeights]]:
     """Generate, judge and train one step from `start`; reuse every artifact whose key exists, and
     every trial an earlier attempt of the step stored (only failed trials run again)."""
@@ -167,12 +170,12 @@ def run_step(
 
 
 def _fan_out(
-    exp: Exp, step: int, specs: list[TrialSpec], start: Weights[TabularWeights], worlds: Worlds, backends: Backends, judged: Judged
+    exp: Exp, step: int, specs: list[TrialSpec], start: Weights[TabularWeights], worlds: Worlds, backends: SecretSearchBackends, judged: Judged
 ) -> list:
     """Run the trials concurrently and judge each trajectory the moment it lands: one outcome per
     trial (its trajectory, or a TrialFailed); the judgements go into `judged`."""
     rollout, judge, progress = backends.rollout, backends.judge, backends.progress
-    outcomes = []
+    outcomes: list[Trajectory | TrialFailed] = []
     with ThreadPoolExecutor(rollout.limits.max_concurrency) as gen_pool, ThreadPoolExecutor(judge.limits.max_concurrency) as judge_pool:
         gens = {gen_pool.submit(rollout.run, exp, s, start.payload, worlds[s.world_id][1]): s for s in specs}
         judging, landed = {}, {}
@@ -208,7 +211,7 @@ class SecretSearchLoop:
         return load_weights(store, partition, key)
 
     def iter_steps(
-        self, exp: Exp, steps: Sequence[int], start: Weights[TabularWeights], store: ArtifactStore, backends: Backends, warn: Warn
+        self, exp: Exp, steps: Sequence[int], start: Weights[TabularWeights], store: ArtifactStore, backends: SecretSearchBackends, warn: Warn
     ) -> Iterator[StepResult]:
         weights = start
         for step in steps:

@@ -47,7 +47,7 @@ def order_log_prob_grad(prior: Sequence[float], order: Sequence[int]) -> list[fl
 
 def apply_logit_step(prior: Sequence[float], step: Sequence[float]) -> list[float]:
     """softmax(log prior + step), floored so no document becomes impossible."""
-    logits = [math.log(p) + s for p, s in zip(prior, step)]
+    logits = [math.log(p) + s for p, s in zip(prior, step, strict=True)]
     top = max(logits)
     exps = [math.exp(x - top) for x in logits]
     z = math.fsum(exps)

@@ -1,11 +1,20 @@
 """The secret_search task, registered: an agent searches sandboxed worlds for a secret's digest."""
 
-from dagster_rl.tasks.secret_search.backends import SandboxRollouts, TabularTrainer
+from dagster_rl.tasks.secret_search.backends import SandboxRollouts, SecretSearchRolloutBackend, SecretSearchTrainerBackend, TabularTrainer
 from dagster_rl.tasks.secret_search.experiment import SecretSearchExperiment
 from dagster_rl.tasks.secret_search.grading import SecretSearchGrading
 from dagster_rl.tasks.secret_search.judge import score
 from dagster_rl.tasks.secret_search.loop import SecretSearchLoop
-from dagster_rl.core.task import Task, register
+from dagster_rl.core.task import RolloutEnv, Task, TrainerEnv, register
+
+
+def _sandbox(exp: SecretSearchExperiment, env: RolloutEnv) -> SecretSearchRolloutBackend:
+    return SandboxRollouts(env.scratch_dir / "dagster_rl_sandboxes", env.limits)
+
+
+def _in_process(exp: SecretSearchExperiment, env: TrainerEnv) -> SecretSearchTrainerBackend:
+    return TabularTrainer(env.limits)
+
 
 TASK = register(
     Task(
@@ -13,8 +22,8 @@ TASK = register(
         experiment=SecretSearchExperiment,
         loop=SecretSearchLoop,
         score=score,
-        rollout={"sandbox": lambda exp, env: SandboxRollouts(env.scratch_dir / "dagster_rl_sandboxes", env.limits)},
-        trainer={"in_process": lambda exp, env: TabularTrainer(env.limits)},
+        rollout={"sandbox": _sandbox},
+        trainer={"in_process": _in_process},
         grading=SecretSearchGrading(),
         status_columns={"mean_turns": "mean_turns"},
     )

@@ -20,11 +20,11 @@ def update(weights: TabularWeights, rewards: list[Reward], grpo: GRPOSettings) -
     groups = [r.prompt for r in rewards]
     advantages = group_normalized_advantages(groups, [r.reward for r in rewards], grpo.advantage_eps)
     grads = {w: [0.0] * len(p) for w, p in weights.doc_prior.items()}
-    for r, a in zip(rewards, advantages):
+    for r, a in zip(rewards, advantages, strict=True):
         if a == 0.0:
             continue
         g = order_log_prob_grad(weights.doc_prior[r.world_id], r.docs_read)
-        grads[r.world_id] = [acc + a * gi for acc, gi in zip(grads[r.world_id], g)]
+        grads[r.world_id] = [acc + a * gi for acc, gi in zip(grads[r.world_id], g, strict=True)]
     n = max(len(rewards), 1)
     new_prior = {
         w: apply_logit_step(p, [grpo.learning_rate * g / n for g in grads[w]]) for w, p in weights.doc_prior.items()

@@ -10,7 +10,7 @@ import random
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field
 
@@ -20,6 +20,9 @@ from dagster_rl.core.experiment import Strict
 from dagster_rl.core.hashing import seed_of, sha256_hex
 from dagster_rl.tasks.lm.data.word_problems import resolve_dataset
 from dagster_rl.core.records import Record
+
+if TYPE_CHECKING:  # transformers is imported where a tokenizer is built, not where prompts are read
+    from transformers import PreTrainedTokenizerBase
 
 # a number: thousands separated by commas in groups of three, or plain digits; a decimal part; a
 # minus sign only where it cannot be a hyphen or an operator between two numbers ("5-3" is 5 and 3)
@@ -197,3 +200,10 @@ def encode_prompt(tokenizer, item: PromptItem, template: str) -> list[int]:
         text = tokenizer.apply_chat_template([{"role": "user", "content": item.question}], add_generation_prompt=True, tokenize=False)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return list(tokenizer(render(item, template))["input_ids"])
+
+
+def decode_completion(tokenizer: "PreTrainedTokenizerBase", token_ids: list[int]) -> str:
+    """A completion's text: its tokens decoded, special tokens (the eos) left out."""
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    assert isinstance(text, str)  # one sequence decodes to one string (a batch of them to a list)
+    return text

@@ -99,7 +99,9 @@ def word_problem(seed: int, index: int, max_operand: int = 5) -> dict[str, str]:
 
 def word_problems(n: int, seed: int = 0, max_operand: int = 5) -> list[dict[str, str]]:
     """n distinct problems (a repeated question is drawn again), in a fixed order."""
-    seen, out, index = set(), [], 0
+    seen: set[str] = set()
+    out: list[dict[str, str]] = []
+    index = 0
     while len(out) < n:
         if index > 50 * n + 1000:
             raise ValueError(f"cannot draw {n} distinct word problems; ask for fewer")

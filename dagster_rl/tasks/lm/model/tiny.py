@@ -46,7 +46,7 @@ WORDS = ("copy", "last", "what", "is", "the", "answer", "+", "-", "=", "?", ":",
 def tiny_tokenizer() -> Qwen2Tokenizer:
     """Byte-level BPE over the task's words, each word (and each word after a space) one token."""
     vocab, merges = _bpe([*WORDS, *(f" {w}" for w in WORDS), *DIGITS, " "], [PAD, EOS], byte_alphabet=False)
-    return Qwen2Tokenizer(vocab=vocab, merges=merges, eos_token=EOS, pad_token=PAD, unk_token=None)
+    return _qwen2_tokenizer(vocab, merges, eos=EOS, pad=PAD)
 
 
 def _bpe(corpus: list[str], special_tokens: list[str], byte_alphabet: bool) -> tuple[dict[str, int], list[tuple[str, str]]]:
@@ -67,6 +67,13 @@ def _bpe(corpus: list[str], special_tokens: list[str], byte_alphabet: bool) -> t
     return model["vocab"], [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
 
 
+def _qwen2_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]], eos: str, pad: str) -> Qwen2Tokenizer:
+    """A Qwen2 tokenizer over a trained BPE, with no unknown token (byte-level: every string encodes)."""
+    # transformers annotates `merges` as `str | list[str]` and `unk_token` as `str`; it hands both to
+    # `tokenizers.models.BPE`, which takes merge pairs as tuples and None for "no unknown token".
+    return Qwen2Tokenizer(vocab=vocab, merges=merges, eos_token=eos, pad_token=pad, unk_token=None)  # type: ignore[arg-type]
+
+
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -82,7 +89,7 @@ def gsm8k_tokenizer() -> Qwen2Tokenizer:
     words = [*vocabulary(), "user", "assistant", "system"]
     corpus = [*words, *(f" {w}" for w in words), *DIGITS, " ", "\n", ".\n", "?\n", " ?", " ."]
     vocab, merges = _bpe(corpus, [PAD, IM_START, IM_END], byte_alphabet=True)
-    tok = Qwen2Tokenizer(vocab=vocab, merges=merges, eos_token=IM_END, pad_token=PAD, unk_token=None)
+    tok = _qwen2_tokenizer(vocab, merges, eos=IM_END, pad=PAD)
     tok.add_special_tokens({"additional_special_tokens": [IM_START]})
     tok.chat_template = CHAT_TEMPLATE
     return tok

@@ -15,7 +15,7 @@ from dagster_rl.tasks.lm.model.policy import Policy
 from dagster_rl.tasks.lm.rollout.sampling import Generation, generate
 from dagster_rl.tasks.lm.settings import SamplingSettings
 from dagster_rl.tasks.lm.records import LMRollout, RolloutRequest, rollout_of
-from dagster_rl.tasks.lm.data.prompts import PromptItem, encode_prompt
+from dagster_rl.tasks.lm.data.prompts import PromptItem, decode_completion, encode_prompt
 
 
 def generate_rollouts(
@@ -33,12 +33,12 @@ def generate_rollouts(
             batch = list(requests[start : start + batch_size])
             prompt_ids = [_encode(tok, r.item, template, encoded) for r in batch]
             gens = generate(model, prompt_ids, [r.seed for r in batch], sampling, tok.eos_token_id, tok.pad_token_id)
-            rollouts += [_rollout(policy, r, ids, g, sampling) for r, ids, g in zip(batch, prompt_ids, gens)]
+            rollouts += [_rollout(policy, r, ids, g, sampling) for r, ids, g in zip(batch, prompt_ids, gens, strict=True)]
     return sorted(rollouts, key=lambda r: r.trial_id)
 
 
 def _rollout(policy: Policy, r: RolloutRequest, ids: list[int], g: Generation, sampling: SamplingSettings) -> LMRollout:
-    text = policy.tokenizer.decode(g.completion_ids, skip_special_tokens=True)
+    text = decode_completion(policy.tokenizer, g.completion_ids)
     return rollout_of(r, ids, g.completion_ids, text, g.logprobs, g.finish_reason, sampling.temperature, sampling.top_p, policy.version)
 
 
@@ -59,5 +59,5 @@ def greedy_completions(policy: Policy, items: Sequence[PromptItem], template: st
             batch = list(items[start : start + batch_size])
             ids = [encode_prompt(tok, it, template) for it in batch]
             gens = generate(model, ids, [0] * len(batch), greedy, tok.eos_token_id, tok.pad_token_id)
-            texts += [tok.decode(g.completion_ids, skip_special_tokens=True) for g in gens]
+            texts += [decode_completion(tok, g.completion_ids) for g in gens]
     return texts

@@ -37,17 +37,16 @@ from dagster_rl.store import nofollow
 from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.core.faults import maybe_fail
 from dagster_rl.inference.http_json import EndpointError
+from dagster_rl.tasks.lm.backend_protocols import Checkpoint
 from dagster_rl.tasks.lm.experiment import LMExperiment
 from dagster_rl.tasks.lm.model.policy import ADAPTER, ADAPTER_CONFIG
-from dagster_rl.tasks.lm.data.prompts import encode_prompt
+from dagster_rl.tasks.lm.data.prompts import decode_completion, encode_prompt
 from dagster_rl.tasks.lm.records import LMRollout, RolloutRequest, rollout_of
 from dagster_rl.tasks.lm.model.tiny import resolve_model
 from dagster_rl.core.records import TrialFailed
 from dagster_rl.core.retries import AttemptsExhausted, Limits, describe, with_retries
 from dagster_rl.core.task import Endpoint, Weights
 from dagster_rl.inference.vllm_client import ServerReplyError, ServerSampling, VLLMClient
-
-Checkpoint = dict[str, bytes]
 
 
 class RolloutServerError(DagsterRLError):
@@ -125,7 +124,7 @@ class ServerRollouts:
                     timeout_s=min(self.endpoint.request_timeout_s, self.limits.timeout_s),
                     vocab=vocab,
                 )  # checked against the request (vllm_client.check_completion): a reply that breaks a rule fails the attempt
-                text = tok.decode(c.token_ids, skip_special_tokens=True)
+                text = decode_completion(tok, c.token_ids)
                 return rollout_of(r, prompt_ids, c.token_ids, text, c.logprobs, c.finish_reason, s.temperature, s.top_p, behavior.version)
 
             try:

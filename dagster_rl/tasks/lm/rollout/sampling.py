@@ -38,6 +38,8 @@ def choose_tokens(logits: torch.Tensor, temperature: float, top_p: float, unifor
     """
     if temperature == 0:
         return torch.argmax(logits, dim=-1)
+    if uniforms is None:
+        raise ValueError(f"sampling at temperature {temperature:g} draws from uniforms; none were given")
     probs = torch.softmax(logits.double() / temperature, dim=-1)
     order = None
     if top_p < 1.0:
@@ -119,11 +121,11 @@ def generate(
         mask = torch.cat([mask, ones], dim=1)
         positions = positions[:, -1:] + 1
         out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=positions, use_cache=True, **_cache_kwarg(out))
-    gens = [_row(toks, lps, eos_id) for toks, lps in zip(tokens.tolist(), logps.tolist())]
+    gens = [_row(toks, lps, eos_id) for toks, lps in zip(tokens.tolist(), logps.tolist(), strict=True)]
     if not top_logprobs:
         return gens
-    tops = [[list(zip(i, v)) for i, v in zip(ids, lps)] for ids, lps in zip(top_ids.tolist(), top_lps.tolist())]
-    return [Generation(g.completion_ids, g.logprobs, g.finish_reason, top[: len(g.completion_ids)]) for g, top in zip(gens, tops)]
+    tops = [[list(zip(i, v, strict=True)) for i, v in zip(ids, lps, strict=True)] for ids, lps in zip(top_ids.tolist(), top_lps.tolist(), strict=True)]
+    return [Generation(g.completion_ids, g.logprobs, g.finish_reason, top[: len(g.completion_ids)]) for g, top in zip(gens, tops, strict=True)]
 
 
 def _row(tokens: list[int], logps: list[float], eos_id: int) -> Generation:

@@ -10,7 +10,7 @@ materialization when the job names an asset key). Other ranks write and report n
 
 A session folder (`lm.session`): the same step, job after job, until told to stop. Rank 0 takes
 each job from the folder and broadcasts it to the other ranks; every rank keeps the policy, the
-reference and the optimizer state (`Held`) and trains from memory when the job's input checkpoint
+reference and the optimizer state (`TrainerState`) and trains from memory when the job's input checkpoint
 is the one it holds, else loads it: the same bytes either way. Rank 0 writes each step's outputs as
 above, reports them through one Pipes session open for the whole range (a message per step, naming
 the step), then its answer. A stop file, an idle timeout or the driver's death (when it runs on
@@ -19,8 +19,8 @@ restarted workers take it up again), with the error in the folder's `ended`.
 
 Device: the job's `device` (the experiment's `policy.device`); under torchrun on CUDA rank r of a
 node uses GPU LOCAL_RANK. Process group: nccl when the ranks train on CUDA, gloo on the CPU.
-An in-process trainer passes its own `Held` box: it keeps its policy loaded between steps, as a
-session does; a one-step worker loads the base from disk (its cold start).
+An in-process trainer passes its own `TrainerStateSlot`: it keeps its policy loaded between steps, as a
+session does; a one-step launch loads the base from disk (its cold start).
 """
 
 import gc
@@ -130,7 +130,7 @@ def process_group_backend(device: torch.device) -> str:
 
 
 @dataclass
-class Held:
+class TrainerState:
     """What a trainer keeps between steps: the policy with its adapter, the optimizer over it, the
     reference, and which checkpoint and reference they are (hashes; on rank 0 only, the checkpoint's)."""
 
@@ -143,16 +143,16 @@ class Held:
     reference_key: str | None = None
 
 
-class HeldBox:
-    """A trainer's `Held` between calls (the in-process trainer's; a session's lives in `serve`),
+class TrainerStateSlot:
+    """A trainer's `TrainerState` between calls (the in-process trainer's; a session's lives in `serve`),
     used by one step at a time (hold `lock`)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.held: Held | None = None
+        self.held: TrainerState | None = None
 
 
-def holds(held: Held | None, job: TrainJob) -> bool:
+def holds(held: TrainerState | None, job: TrainJob) -> bool:
     """Whether `held` is the job's input checkpoint, trained with the job's settings (rank 0 decides)."""
     return (
         held is not None
@@ -164,14 +164,15 @@ def holds(held: Held | None, job: TrainJob) -> bool:
     )
 
 
-def prepare(job: TrainJob, device: torch.device, held: Held | None, from_memory: bool) -> Held:
+def prepare(job: TrainJob, device: torch.device, held: TrainerState | None, from_memory: bool) -> TrainerState:
     """The job's policy, reference and optimizer: kept from `held` when `from_memory` (rank 0 found
     that it holds the job's input), else the input checkpoint loaded: into the loaded base when the
     settings are the same (bit for bit a fresh load), else with the base loaded afresh."""
-    same_base = held is not None and held.device == device and held.policy.settings.model_dump() == job.policy.model_dump()
-    if same_base and from_memory:
-        _reference(job, held)
-        return held
+    # `held`, when it has the job's base loaded on the job's device (its adapter may be another)
+    same_base = held if held is not None and held.device == device and held.policy.settings.model_dump() == job.policy.model_dump() else None
+    if same_base is not None and from_memory:
+        _reference(job, same_base)
+        return same_base
     checkpoint = load_checkpoint(job.input_checkpoint) if job.input_checkpoint else None
     digest = checkpoint_hash(checkpoint) if checkpoint is not None else None
     if job.input_hash is not None and digest != job.input_hash:
@@ -179,17 +180,18 @@ def prepare(job: TrainJob, device: torch.device, held: Held | None, from_memory:
             f"the input checkpoint in {job.input_checkpoint} is not the one the job names (hash {job.input_hash}): it was "
             "changed or cut short on its way; run the step again"
         )
-    if same_base and checkpoint is not None:
-        load_adapter(held.policy, checkpoint)
+    if same_base is not None and checkpoint is not None:
+        load_adapter(same_base.policy, checkpoint)
+        held = same_base
     else:  # another base, or a fresh adapter (version 0)
-        held = Held(load_policy(job.policy, checkpoint, device), device)
+        held = TrainerState(load_policy(job.policy, checkpoint, device), device)
     _reference(job, held)
     held.optimizer = make_optimizer(held.policy, job.grpo, checkpoint)  # after the reference: the same trainable parameters
     held.grpo, held.checkpoint = job.grpo, digest
     return held
 
 
-def _reference(job: TrainJob, held: Held) -> None:
+def _reference(job: TrainJob, held: TrainerState) -> None:
     """The job's KL reference, loaded unless `held` has it already."""
     wanted = job.reference_hash or job.reference_checkpoint or "base"
     if held.reference is None or held.reference_key != wanted:
@@ -197,12 +199,14 @@ def _reference(job: TrainJob, held: Held) -> None:
         held.reference, held.reference_key = reference_of(held.policy, files), wanted
 
 
-def train_held(job: TrainJob, held: Held, rank: int, world: int) -> tuple[TrainMetrics, dict[str, torch.Tensor]]:
+def train_held(job: TrainJob, held: TrainerState, rank: int, world: int) -> tuple[TrainMetrics, dict[str, torch.Tensor]]:
     """One step of `held` on the job's batch, data-parallel when in a process group (a fresh DDP
-    wrapper per step, as a one-step worker builds it: the same buckets, the same sums)."""
+    wrapper per step, as a one-step launch builds it: the same buckets, the same sums)."""
     batch = TrainBatch.model_validate_json(Path(job.batch).read_text())
     samples, facts = build_samples(batch.rollouts, batch.rewards, job.grpo.advantage_eps)
-    ddp, grads = None, {}
+    assert held.optimizer is not None  # `prepare` made it
+    ddp = None
+    grads: dict[str, torch.Tensor] = {}
     try:
         if dist.is_initialized():
             device = held.device
@@ -229,7 +233,7 @@ def train_held(job: TrainJob, held: Held, rank: int, world: int) -> tuple[TrainM
     return metrics, grads
 
 
-def write_outputs(job: TrainJob, held: Held, metrics: TrainMetrics, grads: dict, timings: dict[str, float]) -> str:
+def write_outputs(job: TrainJob, held: TrainerState, metrics: TrainMetrics, grads: dict, timings: dict[str, float]) -> str:
     """Rank 0: the step's checkpoint, metrics and timings under the job's output folder; returns the checkpoint's hash."""
     out = Path(job.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -243,15 +247,15 @@ def write_outputs(job: TrainJob, held: Held, metrics: TrainMetrics, grads: dict,
     return held.checkpoint
 
 
-def run_job(job: TrainJob, report=None, box: HeldBox | None = None) -> TrainMetrics:
+def run_job(job: TrainJob, report=None, slot: TrainerStateSlot | None = None) -> TrainMetrics:
     """Run the step on this rank; rank 0 writes the outputs. `report(metrics, checkpoint_hash, job, timings)`
-    on rank 0. `box`: the `Held` of an in-process trainer, kept between its calls."""
+    on rank 0. `slot`: the `TrainerState` of an in-process trainer, kept between its calls."""
     rank, world, device = _setup(job.device)
     try:
         t0 = time.perf_counter()
-        held = prepare(job, device, box.held if box else None, from_memory=box is not None and holds(box.held, job))
-        if box is not None:
-            box.held = held
+        held = prepare(job, device, slot.held if slot else None, from_memory=slot is not None and holds(slot.held, job))
+        if slot is not None:
+            slot.held = held
         t1 = time.perf_counter()
         metrics, grads = train_held(job, held, rank, world)
         t2 = time.perf_counter()
@@ -273,7 +277,8 @@ def serve(folder: Path, report=None) -> int:
     """Take the session folder's jobs in order until stopped; returns how many steps were trained."""
     spec = SessionSpec.model_validate_json((folder / SPEC).read_text())
     rank, world, device = _setup(spec.device)
-    held, trained, why = None, 0, "failed"
+    held: TrainerState | None = None
+    trained, why = 0, "failed"
     inbox = _Inbox(folder, spec) if rank == 0 else None
     try:
         while True:
@@ -282,6 +287,7 @@ def serve(folder: Path, report=None) -> int:
                 box = [command]
                 dist.broadcast_object_list(box, src=0, device=device if device.type == "cuda" else None)
                 command = box[0]
+            assert command is not None  # rank 0 reads it from the folder; the other ranks receive it
             what = command["what"]
             if what == "stop":
                 why = command["why"]
@@ -329,7 +335,7 @@ class _Inbox:
         (folder / ENDED).unlink(missing_ok=True)  # what ended their predecessors
         self.last_job = self.last_broadcast = self.last_owner_check = time.monotonic()
 
-    def next(self, held: Held | None) -> dict:
+    def next(self, held: TrainerState | None) -> dict:
         while True:
             now = time.monotonic()
             path = self.folder / JOBS / seq_name(self.seq)

@@ -35,8 +35,9 @@ def adapter_reference(policy: Policy, checkpoint: dict[str, bytes]) -> Reference
     if REFERENCE not in model.peft_config:
         model.add_adapter(REFERENCE, lora_config(policy.settings.lora))
     result = set_peft_model_state_dict(model, load_safetensors(checkpoint[ADAPTER]), adapter_name=REFERENCE)
-    if list(getattr(result, "unexpected_keys", []) or []):
-        raise CheckpointError(f"the KL reference adapter has weights this model lacks: {result.unexpected_keys[:3]}...")
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    if unexpected:
+        raise CheckpointError(f"the KL reference adapter has weights this model lacks: {unexpected[:3]}...")
     active = model.active_adapter
 
     @contextmanager

@@ -194,19 +194,20 @@ class TrainerSession:
                 ended = self.ended()
                 if ended in ("idle", "stopped"):
                     raise SessionEnded(f"the trainer session's workers stopped ({ended}) before they took the step") from None
-                raise self._said(e)
+                self._note_ended(e)
+                raise
             except Exception as e:  # the launcher's own (a terminated run, restarts used up)
-                raise self._said(e)
+                self._note_ended(e)
+                raise
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the trainer session gave no answer to step job {seq} within {timeout_s:g} s; its workers are stopped")
             time.sleep(self.poll_s)
 
-    def _said(self, error: Exception) -> Exception:
-        """The error, with what the workers wrote in `ended` when they failed (rank 0's exception)."""
+    def _note_ended(self, error: Exception) -> None:
+        """Add to the error what the workers wrote in `ended` when they failed (rank 0's exception)."""
         ended = self.ended()
         if ended and ended.startswith("failed"):
             error.add_note(f"the trainer workers {ended}")
-        return error
 
     def ended(self) -> str | None:
         try:

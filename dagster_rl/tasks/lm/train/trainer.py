@@ -80,7 +80,7 @@ def build_samples(rollouts: Sequence[LMRollout], rewards: Sequence[LMReward], ad
     adv = group_normalized_advantages(groups, values, advantage_eps)
     samples = [
         TrainSample(r.trial_id, r.prompt_token_ids, r.completion_token_ids, r.sampling_logprobs, r.temperature, a)
-        for r, a in zip(used, adv)
+        for r, a in zip(used, adv, strict=True)
     ]
     facts = {
         "groups": float(len(set(groups))),
@@ -166,7 +166,7 @@ def train_step(
         with torch.no_grad(), (reference or policy.adapter_disabled)():
             refs = [packed_logprobs(model, batch) for batch, _, _ in batches]
         with ddp.no_sync() if ddp is not None else nullcontext():
-            for (batch, old, adv), ref in zip(batches, refs):
+            for (batch, old, adv), ref in zip(batches, refs, strict=True):
                 new = packed_logprobs(forward_model, batch)
                 behavior = new.detach() if old_logp == "trainer" else old
                 loss, stats = grpo_batch_loss(new, behavior, ref, batch.completion_mask, adv, grpo.clip_eps, grpo.kl_beta, sampler_logp=old)
@@ -182,11 +182,13 @@ def train_step(
             dist.all_reduce(max_dev, op=dist.ReduceOp.MAX)
     sums, (max_dev, logp_dev) = sums.cpu(), max_dev.tolist()
     named = policy.trainable()
-    for _, p in named:
+    grads: dict[str, torch.Tensor] = {}
+    for name, p in named:
         if p.grad is None:  # single process, no sample touched it
             p.grad = torch.zeros_like(p)
+        grads[name] = p.grad
     if on_grads is not None:
-        on_grads({n: p.grad.detach().clone() for n, p in named})
+        on_grads({name: g.detach().clone() for name, g in grads.items()})
     grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in named], grpo.max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -104,9 +104,13 @@ def warm_up(
     """Fit the policy's adapter to the demonstrations; return its checkpoint files and the stats.
     With `settings.target_accuracy`, `check` measures the accuracy that stops it."""
     demos = draw_demos(items, seed, settings.demos)
-    if settings.target_accuracy is not None and check is None:
-        raise ValueError("warmup.target_accuracy needs a check: the accuracy of the policy on prompts")
-    held = draw_check_prompts(items, demos, seed, settings.check_prompts) if settings.target_accuracy is not None else []
+    stop: tuple[Check, float] | None = None  # the check and the accuracy that stops the fit
+    held: list[PromptItem] = []
+    if settings.target_accuracy is not None:
+        if check is None:
+            raise ValueError("warmup.target_accuracy needs a check: the accuracy of the policy on prompts")
+        stop = (check, settings.target_accuracy)
+        held = draw_check_prompts(items, demos, seed, settings.check_prompts)
     checks: list[tuple[int, float]] = []
     examples = [demo_tokens(policy, it, template) for it in demos]
     params = [p for _, p in policy.trainable()]
@@ -128,10 +132,11 @@ def warm_up(
             torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
             optimizer.step()
             losses.append(float(total.detach()) / count)
-            if held and step % settings.check_every == 0:
-                checks.append((step, check(policy, held)))
+            if stop is not None and held and step % settings.check_every == 0:
+                measure, target = stop
+                checks.append((step, measure(policy, held)))
                 policy.mode(training=True)
-                if checks[-1][1] >= settings.target_accuracy:
+                if checks[-1][1] >= target:
                     break
     policy.mode(training=False)
     files = checkpoint_bytes(policy, None)  # version 0, no optimizer moments: GRPO starts its own
