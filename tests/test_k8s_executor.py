@@ -9,10 +9,7 @@ config and the op's `dagster-k8s/config`), its API client talks to the fake Kube
 process on this machine against the same SQLite instance.
 """
 
-import os
 import threading
-import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -21,10 +18,10 @@ from dagster_k8s.client import DagsterKubernetesClient
 
 from assets.concurrency import experiment_pool
 from assets.deployment import EXECUTOR
-from tests.conftest import demo_settings, write_experiments
 from tests.fake_kubernetes import FakeKubernetes
 from tests.instance_config import instance_config
 from tests.servers import wait_until
+from tests.settings import demo_settings, write_experiments
 
 EXPERIMENT = "slow"
 KUBECONFIG = """apiVersion: v1

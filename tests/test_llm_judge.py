@@ -8,20 +8,20 @@ import yaml
 
 from dagster_rl.core import counters
 from dagster_rl.core.errors import SettingError
-from dagster_rl.judges.journal import KIND, JudgeJournal, journal_key, trajectory_hash
-from dagster_rl.judges.llm_judge import LLMJudge, LLMJudgeError, OpenAIChatClient, parse_score, rubric_hash
 from dagster_rl.core.records import Rewards
 from dagster_rl.core.retries import AttemptsExhausted, Limits
+from dagster_rl.core.task import Backends
+from dagster_rl.judges.journal import KIND, JudgeJournal, journal_key, trajectory_hash
+from dagster_rl.judges.llm_judge import LLMJudge, LLMJudgeError, OpenAIChatClient, parse_score, rubric_hash
+from dagster_rl.store.artifact_store import ArtifactStore
 from dagster_rl.tasks.secret_search.backends import SandboxRollouts, TabularTrainer
 from dagster_rl.tasks.secret_search.experiment import SecretSearchExperiment
 from dagster_rl.tasks.secret_search.grading import SecretSearchGrading
 from dagster_rl.tasks.secret_search.loop import initial_weights, run_step
 from dagster_rl.tasks.secret_search.records import Reward, Trajectory
-from dagster_rl.store.artifact_store import ArtifactStore
-from dagster_rl.core.task import Backends
+from tests import REPO
 from tests.openai_stub import CrashAfterJudgeCall, OpenAIStub, rule_score
 
-REPO = Path(__file__).resolve().parent.parent
 MODEL = "stub-judge-1"
 
 
@@ -84,7 +84,7 @@ def test_a_crash_after_the_call_is_retried_from_the_journal_one_call_per_traject
     assert stub.count == len(trajs), "a retried attempt must replay the journal, not call the judge again"
     assert counters.read("judge_journal_replays") - replays == len(trajs)
     weight = exp.rubric.correctness + exp.rubric.efficiency + exp.rubric.tidiness
-    for t, call_body, r in zip(trajs, stub.calls, rewards):
+    for _, call_body, r in zip(trajs, stub.calls, rewards, strict=True):
         assert call_body["model"] == MODEL
         assert r.components["llm"] == rule_score(call_body)
         assert r.score == pytest.approx(weight * r.components["llm"])
@@ -179,7 +179,7 @@ def test_timeouts_and_replies_without_a_score_are_clear_errors():
 def test_the_judge_environment_openai_backend_drives_steps_one_call_per_trial(stub, lab):
     """The Dagster resource: JudgeEnvironment(backend="openai") through the driver, in-process."""
     from resources import JudgeEnvironment
-    from tests.conftest import demo_settings
+    from tests.settings import demo_settings
 
     settings = demo_settings(name="llm", n_steps=2, prompts_per_step=4, n_samples=4, min_trials_per_step=8, faults={"judge_flake_rate": 0.3})
     judge = lambda store: JudgeEnvironment(artifact_store=store, backend="openai", base_url=stub.base_url, model=MODEL, request_timeout_s=5.0)  # noqa: E731
@@ -225,11 +225,11 @@ def lm_rule(body: dict) -> float:
 def test_the_llm_judge_grades_language_model_completions_through_the_driver(lab):
     """A GSM8K-format language-model experiment judged by JudgeEnvironment(backend="openai"): the
     verifier decides accuracy, the LLM grades the format, one paid call per trial under judge flakes."""
-    from dagster_rl.tasks.lm.grading import LMGrading
     from dagster_rl.tasks.lm.data.prompts import load_prompt_set
+    from dagster_rl.tasks.lm.grading import LMGrading
     from dagster_rl.tasks.lm.rewards import LMReward
     from resources import JudgeEnvironment
-    from tests.conftest import shipped_settings
+    from tests.settings import shipped_settings
 
     settings = shipped_settings(
         "tiny_gsm8k", name="lm_llm", n_steps=2, prompts_per_step=4, n_samples=4, min_trials_per_step=8,
@@ -276,17 +276,13 @@ def test_the_llm_judge_grades_language_model_completions_through_the_driver(lab)
 
 
 def _rollout(run, step: str, trial_id: str):
-    from dagster_rl.tasks.lm.records import LMRollout
-    from dagster_rl.core.records import Rollouts
-
-    rollouts = run.store().get_model("rollouts", run.latest("lm_llm", "rollouts", step)["artifact_key"], Rollouts[LMRollout])
-    return next(t for t in rollouts.trajectories if t.trial_id == trial_id)
+    return next(t for t in run.rollouts("lm_llm", step).trajectories if t.trial_id == trial_id)
 
 
 def test_a_judge_that_answers_megabytes_has_a_bounded_journal(stub, store, tmp_path):
     """finding 7 of issue 10: 5 MB replies were journaled in full (115 MB for one step)."""
-    from dagster_rl.judges.journal import MAX_REPLY_CHARS
     from dagster_rl.core.hashing import sha256_hex
+    from dagster_rl.judges.journal import MAX_REPLY_CHARS
 
     exp, trajs = experiment(), [trajectory(i) for i in range(4)]
     stub.reply_text = "SCORE: 0.5\n" + "blah " * 1_000_000

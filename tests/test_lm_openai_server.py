@@ -9,41 +9,28 @@ import pytest
 import torch
 
 from dagster_rl.core import counters
+from dagster_rl.core.records import Rollouts, TrialFailed
+from dagster_rl.core.retries import Limits
+from dagster_rl.core.task import Endpoint
 from dagster_rl.inference.http_json import EndpointError, JSONEndpoint
-from dagster_rl.tasks.lm.experiment import LMExperiment
-from dagster_rl.tasks.lm.model.logprobs import completion_logprobs
-from dagster_rl.tasks.lm.loop import LMLoop
-from dagster_rl.tasks.lm.model.policy import ADAPTER, OPTIMIZER, STATE, load_base
+from dagster_rl.inference.vllm_client import ServerSampling
+from dagster_rl.store.artifact_store import ArtifactStore
 from dagster_rl.tasks.lm.data.prompts import load_prompt_set, prompts_for_step
+from dagster_rl.tasks.lm.experiment import LMExperiment
+from dagster_rl.tasks.lm.loop import LMLoop
+from dagster_rl.tasks.lm.model.logprobs import completion_logprobs
+from dagster_rl.tasks.lm.model.policy import ADAPTER, OPTIMIZER, STATE, load_base
 from dagster_rl.tasks.lm.records import LMRollout, plan_requests
 from dagster_rl.tasks.lm.rollout.openai_client import ServerRollouts
 from dagster_rl.tasks.lm.rollout.sampling import generate
 from dagster_rl.tasks.lm.settings import SamplingSettings
-from dagster_rl.core.records import Rollouts, TrialFailed
-from dagster_rl.core.retries import Limits
-from dagster_rl.store.artifact_store import ArtifactStore
-from dagster_rl.core.task import Endpoint
-from dagster_rl.inference.vllm_client import ServerSampling
 from resources import RolloutEnvironment
-from tests.conftest import TINY_PLUMBING, shipped_settings
 from tests.harness import failure_message
+from tests.machine import free_port
 from tests.serve_process import ServeProcess, post, serve_command
-from tests.servers import free_port
+from tests.settings import SERVED_LORA, served, tiny_grpo
 
 TINY = "builtin:tiny-qwen2"
-
-
-def tiny(**overrides) -> dict:
-    return shipped_settings("tiny_grpo", **{**TINY_PLUMBING, **overrides})
-
-
-# vLLM's LoRA adapts no lm_head: an openai_server experiment may not target it (tiny_grpo's does)
-SERVED_LORA = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "init_seed": 7}
-
-
-def served(**overrides) -> dict:
-    policy = {"base_model": TINY, "lora": SERVED_LORA, **overrides.pop("policy", {})}
-    return tiny(rollout={"backend": "openai_server"}, policy=policy, **overrides)
 
 
 def server_sampling(temperature: float, max_tokens: int, stop: int = 1) -> ServerSampling:
@@ -55,11 +42,6 @@ def server(tmp_path_factory):
     """One `dagster-rl serve` kept up for the whole module, loading adapters from the tests' temporary folders."""
     with ServeProcess(tmp_path_factory.mktemp("serve"), adapter_roots=[str(tmp_path_factory.getbasetemp())]) as s:
         yield s
-
-
-def rollouts_of(lab, name: str, step: str) -> Rollouts[LMRollout]:
-    key = lab.latest(name, "rollouts", step)["artifact_key"]
-    return lab.store().get_model("rollouts", key, Rollouts[LMRollout])
 
 
 def test_the_server_speaks_vllms_api_and_samples_as_the_engine(server):
@@ -95,7 +77,7 @@ def test_the_server_speaks_vllms_api_and_samples_as_the_engine(server):
     # logprobs k: the sampled token's and the top k of the same distribution, the sampled one first, as vLLM
     top = server.client.complete(TINY, prompt, server_sampling(0.7, 5), seed=1234, logprobs=3, vocab=68)
     assert top.token_ids == via.token_ids and top.logprobs == pytest.approx(via.logprobs, abs=1e-6)
-    for t, lp, d in zip(top.token_ids, top.logprobs, top.top_logprobs):
+    for t, lp, d in zip(top.token_ids, top.logprobs, top.top_logprobs, strict=True):
         ids = list(d)
         rest = [d[i] for i in ids[1:]]
         assert ids[0] == t and d[t] == pytest.approx(lp) and rest == sorted(rest, reverse=True)
@@ -136,7 +118,7 @@ def test_the_backend_returns_the_hf_engines_rollouts_and_fails_trial_by_trial(se
     via = backend.generate(exp, requests, behavior, prompts.template)
     ref = HFRollouts().generate(exp, requests, behavior, prompts.template)
     assert [r.trial_id for r in via] == [r.trial_id for r in requests]
-    for a, b in zip(via, ref):
+    for a, b in zip(via, ref, strict=True):
         assert isinstance(a, LMRollout) and isinstance(b, LMRollout)
         assert a.model_dump(exclude={"sampling_logprobs"}) == b.model_dump(exclude={"sampling_logprobs"})
         # the server batches the requests its own way: log-probs agree to float rounding
@@ -155,7 +137,7 @@ def test_the_backend_returns_the_hf_engines_rollouts_and_fails_trial_by_trial(se
 
 def test_tiny_grpo_through_a_managed_server_matches_the_hf_engine_token_for_token(lab, tmp_path):
     steps = ("0000", "0001")
-    hf = lab("hf", tiny(policy={"base_model": TINY, "lora": SERVED_LORA}))
+    hf = lab("hf", tiny_grpo(policy={"base_model": TINY, "lora": SERVED_LORA}))
     assert hf.run("tiny_grpo", *steps).success
     port = free_port()
     managed = RolloutEnvironment(base_url=f"http://127.0.0.1:{port}/v1", server_command=serve_command(port), max_concurrency=8)
@@ -170,10 +152,10 @@ def test_tiny_grpo_through_a_managed_server_matches_the_hf_engine_token_for_toke
     # and Adam turns rounding-sized gradient differences into lr-sized moves), so the served step is
     # compared with the hf engine sampling with the served run's own behavior weights.
     for step in ("0000", "0001"):
-        ours = rollouts_of(via, "tiny_grpo", step)
-        theirs = rollouts_of(hf, "tiny_grpo", step).trajectories if step == "0000" else hf_rollouts_of(via, ours)
+        ours = via.rollouts("tiny_grpo", step)
+        theirs = hf.rollouts("tiny_grpo", step).trajectories if step == "0000" else hf_rollouts_of(via, ours)
         assert len(ours.trajectories) == len(theirs) == 64 and not ours.skipped
-        for a, b in zip(ours.trajectories, theirs):
+        for a, b in zip(ours.trajectories, theirs, strict=True):
             assert (a.trial_id, a.prompt_token_ids, a.completion_token_ids, a.behavior_version) == (
                 b.trial_id, b.prompt_token_ids, b.completion_token_ids, b.behavior_version,
             )  # fmt: skip
@@ -236,9 +218,9 @@ def test_a_crash_mid_range_resumes_with_the_behavior_version_on_the_server_that_
     # every step samples the same tokens and trains the same adapter and optimizer state, byte for byte.
     noisy = 0
     for step in steps:
-        ours, theirs = rollouts_of(crashy, "tiny_grpo", step).trajectories, rollouts_of(clean, "tiny_grpo", step).trajectories
+        ours, theirs = crashy.rollouts("tiny_grpo", step).trajectories, clean.rollouts("tiny_grpo", step).trajectories
         assert [t.completion_token_ids for t in ours] == [t.completion_token_ids for t in theirs], step
-        pairs = [(x, y) for a, b in zip(ours, theirs) for x, y in zip(a.sampling_logprobs, b.sampling_logprobs)]
+        pairs = [(x, y) for a, b in zip(ours, theirs, strict=True) for x, y in zip(a.sampling_logprobs, b.sampling_logprobs, strict=True)]
         assert max(abs(x - y) for x, y in pairs) <= 1e-5, step
         noisy += sum(x != y for x, y in pairs)
         mine, clean_files = (lab_.store().get_all("weights", lab_.latest("tiny_grpo", "weights", step)["artifact_key"]) for lab_ in (crashy, clean))

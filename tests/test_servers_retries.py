@@ -22,12 +22,11 @@ import pytest
 from dagster_rl.store.artifact_store import DATA, ArtifactStore
 from resources import JudgeEnvironment
 from resources.run_launcher import process_alive, run_worker_pid, step_worker_pids
-from tests.conftest import demo_settings, new_dagster_home, write_experiments
-from tests.harness import open_lab
+from tests.harness import CHAIN, new_dagster_home, open_lab
 from tests.openai_stub import OpenAIStub
 from tests.servers import LOCATION, DagsterServers, running_servers, wait_until
+from tests.settings import demo_settings, write_experiments
 
-CHAIN = ("rollouts", "rewards", "weights")
 MODEL = "stub-judge-1"
 TRIALS = 16  # 4 prompts x 4 samples
 LAUNCHER = "resources.run_launcher.LocalProcessRunLauncher"
