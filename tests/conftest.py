@@ -1,5 +1,5 @@
 """The tests' environment and shared fixtures: experiments written to temp dirs, a real SQLite Dagster
-instance per test, the tiny model on disk. `pytest_plugins` adds the fixtures that live with their
+instance per test, the tiny model on disk, a `dagster-rl serve` of it. `pytest_plugins` adds the fixtures that live with their
 helpers: `postgres_server`, `dagster_servers`, `smollm2_dir`, `vllm`, and the `readonly://` protocol.
 Helpers are imported from their modules (tests/__init__.py lists them), never from this file."""
 
@@ -27,6 +27,16 @@ def tiny_dir(tmp_path_factory) -> Path:
     from dagster_rl.tasks.lm.model.tiny import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_serve(tmp_path_factory):
+    """One `dagster-rl serve` of builtin:tiny-qwen2 kept up for a module's tests, loading adapters from
+    the tests' temporary folders."""
+    from tests.serve_process import ServeProcess
+
+    with ServeProcess(tmp_path_factory.mktemp("serve"), adapter_roots=[str(tmp_path_factory.getbasetemp())]) as s:
+        yield s
 
 
 @pytest.fixture

@@ -91,7 +91,10 @@ def test_a_second_run_of_an_experiment_waits_for_the_first_under_k8s_job_executo
 
     first = threading.Thread(target=run, args=("first",))
     first.start()
-    step_jobs = lambda: [o for v, o in cluster.calls if v == "create" and o.startswith("job/")]  # noqa: E731
+
+    def step_jobs():
+        return [o for v, o in cluster.calls if v == "create" and o.startswith("job/")]
+
     wait_until(lambda: step_jobs() or not first.is_alive(), 120, 0.2, lambda: f"no step Job of the first run: {cluster.calls}")
     assert len(step_jobs()) == 1, results
     with DagsterInstance.from_config(str(home)) as instance:

@@ -16,11 +16,10 @@ import pytest
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
 
 from assets.concurrency import experiment_pool
-from resources import JudgeEnvironment
 from resources.run_launcher import process_alive, step_worker_pids
 from tests import REPO
 from tests.cli_runs import BIN, CONSOLE, home_with, materialize, train_until, weights_steps
-from tests.openai_stub import OpenAIStub
+from tests.openai_stub import OpenAIStub, judge_on
 from tests.servers import wait_until
 from tests.settings import demo_settings
 
@@ -203,9 +202,7 @@ def test_a_long_step_reports_its_progress_in_the_run_log(lab, monkeypatch):
     assert assets.driver.PROGRESS_EVERY_S <= 30
     monkeypatch.setattr(assets.driver, "PROGRESS_EVERY_S", 0.5)
     with OpenAIStub(delay_s=0.25) as stub:
-        judge = lambda store: JudgeEnvironment(  # noqa: E731
-            artifact_store=store, backend="openai", base_url=stub.base_url, model="slow-judge", max_concurrency=1
-        )
+        judge = judge_on(stub, model="slow-judge", max_concurrency=1)
         slow = lab("progress", demo_settings(n_steps=2, prompts_per_step=4, n_samples=4, min_trials_per_step=8), judge=judge)
         result = slow.run("demo", "0000", "0000")
     assert result.success

@@ -24,7 +24,6 @@ from dagster_rl.tasks.lm.records import LMRollout
 from resources import RolloutEnvironment
 from tests.bad_rollout_server import CorruptingProxy, logprobs_of
 from tests.harness import failure_message
-from tests.serve_process import ServeProcess
 from tests.settings import served
 
 VOCAB = 68  # builtin:tiny-qwen2's
@@ -118,12 +117,6 @@ def small(**overrides) -> dict:
     return served(prompts_per_step=4, n_samples=4, min_trials_per_step=8, sampling={"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 3}, **overrides)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with ServeProcess(tmp_path_factory.mktemp("serve"), adapter_roots=[str(tmp_path_factory.getbasetemp())]) as s:
-        yield s
-
-
 def env(base_url: str, **kw) -> RolloutEnvironment:
     return RolloutEnvironment(base_url=base_url, max_concurrency=8, **kw)
 
@@ -155,8 +148,8 @@ def extra_tokens_positive_logprob(body, ans):
         (extra_tokens_positive_logprob, "breaks the rule '1 <= tokens <= max_tokens'"),
     ],
 )
-def test_a_server_that_answers_wrongly_fails_the_step_naming_the_rule_and_nothing_is_cached(lab, server, corrupt, rule):
-    with CorruptingProxy(server.base_url, corrupt) as bad:
+def test_a_server_that_answers_wrongly_fails_the_step_naming_the_rule_and_nothing_is_cached(lab, tiny_serve, corrupt, rule):
+    with CorruptingProxy(tiny_serve.base_url, corrupt) as bad:
         run = lab("bad", small(), rollout=env(bad.base_url, max_retries=1))
         result = run.run("tiny_grpo", "0000", "0000", raise_on_error=False)
         seen = dict(bad.seen)
@@ -171,9 +164,9 @@ def test_a_server_that_answers_wrongly_fails_the_step_naming_the_rule_and_nothin
     assert [(r.trajectories, len(r.skipped)) for r in kept] == [([], 16)]  # the one partial: no trajectory of a bad reply
 
     # the same store against a correct server: nothing bad was kept, the step is computed as a clean run computes it
-    fixed = run.reopen(rollout=env(server.base_url))
+    fixed = run.reopen(rollout=env(tiny_serve.base_url))
     assert fixed.run("tiny_grpo", "0000", "0000").success
-    clean = lab("clean", small(), rollout=env(server.base_url))
+    clean = lab("clean", small(), rollout=env(tiny_serve.base_url))
     assert clean.run("tiny_grpo", "0000", "0000").success
     ours, theirs = fixed.rollouts("tiny_grpo", "0000"), clean.rollouts("tiny_grpo", "0000")
     assert len(ours.trajectories) == 16 and not ours.skipped
@@ -184,7 +177,7 @@ def test_a_server_that_answers_wrongly_fails_the_step_naming_the_rule_and_nothin
     assert fixed.latest("tiny_grpo", "weights", "0000")["n_trials"] == 16
 
 
-def test_bad_replies_of_some_trials_are_retried_then_skipped_and_never_stored(lab, server):
+def test_bad_replies_of_some_trials_are_retried_then_skipped_and_never_stored(lab, tiny_serve):
     """Trials whose seed is 0 mod 3 always get the issue's silent corruption (extra tokens, a log-prob
     of +3): they are skipped, the step goes on without them. Those 1 mod 3 get it on their first
     attempt only: the retry is correct, and they are stored as a correct server answered them."""
@@ -197,7 +190,7 @@ def test_bad_replies_of_some_trials_are_retried_then_skipped_and_never_stored(la
         return None
 
     seen_before: dict[int, int] = {}
-    with CorruptingProxy(server.base_url, some) as bad:
+    with CorruptingProxy(tiny_serve.base_url, some) as bad:
         run = lab("some", small(), rollout=env(bad.base_url, max_retries=2))
         assert run.run("tiny_grpo", "0000", "0000").success
         seen, corrupted = dict(bad.seen), dict(bad.corrupted)
@@ -215,7 +208,7 @@ def test_bad_replies_of_some_trials_are_retried_then_skipped_and_never_stored(la
     assert sum(corrupted.values()) == 3 * len(always) + len(once)
 
     # a re-run against a correct server attempts only the skipped trials; the step is then complete
-    fixed = run.reopen(rollout=env(server.base_url))
+    fixed = run.reopen(rollout=env(tiny_serve.base_url))
     assert fixed.run("tiny_grpo", "0000", "0000").success
     assert fixed.latest("tiny_grpo", "weights", "0000")["n_trials"] == 16
     assert not fixed.rollouts("tiny_grpo", "0000").skipped
