@@ -5,7 +5,8 @@ import ast
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests import REPO
+
 PACKAGES = ("dagster_rl", "assets", "resources")
 
 
