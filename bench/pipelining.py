@@ -34,7 +34,7 @@ from assets.definitions import build_definitions  # noqa: E402
 from dagster_rl.core.experiment import step_key  # noqa: E402
 from dagster_rl.core.experiment_files import parse_experiment  # noqa: E402
 from resources import ArtifactStoreResource  # noqa: E402
-from tests.conftest import shipped_settings  # noqa: E402
+from tests.settings import shipped_settings  # noqa: E402
 
 REPORTED = "trainer rank 0 reported: "
 SESSIONS = ("step", "range")

@@ -18,7 +18,8 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests import REPO
+
 KERNELS = ("native", "avx2", "default")
 
 

@@ -1,59 +1,49 @@
-"""Shared fixtures: experiments written to temp dirs, a real SQLite Dagster instance per test."""
+"""The tests' environment and shared fixtures: experiments written to temp dirs, a real SQLite Dagster
+instance per test, the tiny model on disk, a `dagster-rl serve` of it. `pytest_plugins` adds the fixtures that live with their
+helpers: `postgres_server`, `dagster_servers`, `smollm2_dir`, `vllm`, and the `readonly://` protocol.
+Helpers are imported from their modules (tests/__init__.py lists them), never from this file."""
 
 import os
 import tempfile
 from pathlib import Path
 
 import pytest
-import yaml
-
-REPO = Path(__file__).resolve().parent.parent
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("DAGSTER_RL_MODEL_CACHE", str(Path(tempfile.gettempdir()) / "dagster-rl-test-models"))
 os.environ.setdefault("DAGSTER_RL_DATA_CACHE", str(Path(tempfile.gettempdir()) / "dagster-rl-test-data"))
 # the code location refuses to load without DAGSTER_HOME (`make test` sets it); each test opens its own instance
 if not os.environ.get("DAGSTER_HOME"):
     os.environ["DAGSTER_HOME"] = tempfile.mkdtemp(prefix="dagster-rl-test-home-")
 
-
-# tiny_grpo's steps at the size of the driver's plumbing tests (caching, lineage, retries, trainers,
-# servers): 8 prompts x 8 samples. The shipped 64 prompts a step are what its learning needs; tests of
-# the learning itself run the shipped settings.
-TINY_PLUMBING = {"prompts_per_step": 8, "n_samples": 8, "min_trials_per_step": 32}
+# light to import: what they need of torch, Dagster or vLLM they import when a fixture runs
+pytest_plugins = ["tests.postgres", "tests.servers", "tests.smollm2", "tests.vllm_server", "tests.readonly_fs"]
 
 
-def demo_settings(**overrides) -> dict:
-    """The demo experiment's settings, with overrides merged one level deep."""
-    return shipped_settings("demo", **overrides)
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    """The tiny causal LM of the language-model tests, saved once per session."""
+    from dagster_rl.tasks.lm.model.tiny import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
-def shipped_settings(experiment: str, **overrides) -> dict:
-    """The settings of `experiments/<name>.yaml`, with overrides merged one level deep."""
-    raw = yaml.safe_load((REPO / "experiments" / f"{experiment}.yaml").read_text())
-    for key, value in overrides.items():
-        raw[key] = {**raw[key], **value} if isinstance(value, dict) and isinstance(raw.get(key), dict) else value
-    return raw
+@pytest.fixture(scope="module")
+def tiny_serve(tmp_path_factory):
+    """One `dagster-rl serve` of builtin:tiny-qwen2 kept up for a module's tests, loading adapters from
+    the tests' temporary folders."""
+    from tests.serve_process import ServeProcess
 
-
-def write_experiments(folder: Path, *raws: dict) -> Path:
-    """One YAML file per experiment in `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for raw in raws:
-        (folder / f"{raw['name']}.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    return folder
-
-
-def new_dagster_home(path: Path) -> Path:
-    path.mkdir(parents=True)
-    (path / "dagster.yaml").write_text((REPO / "deploy" / "dagster.local.yaml").read_text())
-    return path
+    with ServeProcess(tmp_path_factory.mktemp("serve"), adapter_roots=[str(tmp_path_factory.getbasetemp())]) as s:
+        yield s
 
 
 @pytest.fixture
 def lab(tmp_path):
     """lab(name, *experiment_settings, **resources): a fresh Dagster home, store and experiments."""
-    from tests.harness import open_lab
+    from tests.harness import new_dagster_home, open_lab
+    from tests.settings import write_experiments
 
     labs = []
 
@@ -72,7 +62,8 @@ def lab(tmp_path):
 def uninterrupted(tmp_path_factory):
     """The reference: steps 0000..0007 of the demo settings in one clean run."""
     from dagster_rl.core import counters
-    from tests.harness import open_lab
+    from tests.harness import new_dagster_home, open_lab
+    from tests.settings import demo_settings, write_experiments
 
     home = new_dagster_home(tmp_path_factory.mktemp("ref") / "home")
     lab = open_lab(home, write_experiments(home / "experiments", demo_settings()))
@@ -84,21 +75,13 @@ def uninterrupted(tmp_path_factory):
     lab.close()
 
 
-SESSION_STEPS = ("0000", "0001", "0002")
-
-
-def session_settings(**overrides) -> dict:
-    """`tiny_grpo` without its warm-up, trained by 2 torchrun ranks (a trainer session by default)."""
-    trainer = {"backend": "torchrun", "nproc_per_node": 2, "threads_per_process": 1, **overrides.pop("trainer", {})}
-    return shipped_settings("tiny_grpo", warmup=None, trainer=trainer, **overrides)
-
-
 @pytest.fixture(scope="session")
 def session_run(tmp_path_factory):
     """The reference of the trainer-session tests: steps 0000..0002 of `session_settings()` in one
     uninterrupted run, its trainer one session of 2 torchrun ranks."""
     from dagster_rl.core import counters
-    from tests.harness import open_lab
+    from tests.harness import new_dagster_home, open_lab
+    from tests.settings import SESSION_STEPS, session_settings, write_experiments
 
     home = new_dagster_home(tmp_path_factory.mktemp("session_ref") / "home")
     lab = open_lab(home, write_experiments(home / "experiments", session_settings()))

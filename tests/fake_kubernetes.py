@@ -40,7 +40,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -49,6 +49,7 @@ import kubernetes_validate
 from kubernetes.client import (
     ApiClient,
     ApiException,
+    V1Container,
     V1ContainerState,
     V1ContainerStateRunning,
     V1ContainerStateTerminated,
@@ -60,16 +61,15 @@ from kubernetes.client import (
     V1Pod,
     V1PodSpec,
     V1PodStatus,
-    V1Container,
 )
 
 from dagster_rl.runtime.k8s_manifests import INDEX_LABEL, expand
 from dagster_rl.runtime.lifetime import children
 from dagster_rl.runtime.pods import MASTER_ADDR, MASTER_PORT
-from tests.servers import free_port
+from tests import REPO
+from tests.machine import free_port
 
 K8S_VERSION = "1.33.0"
-REPO = Path(__file__).resolve().parent.parent
 
 
 def validate(obj: dict) -> None:
@@ -77,7 +77,7 @@ def validate(obj: dict) -> None:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -147,7 +147,7 @@ class FakePod:
         container = self.spec["containers"][0]
         rc = self.exit_code if self.done.is_set() else None
         if rc is None:
-            state, phase = V1ContainerState(running=V1ContainerStateRunning(started_at=datetime.now(timezone.utc))), "Running"
+            state, phase = V1ContainerState(running=V1ContainerStateRunning(started_at=datetime.now(UTC))), "Running"
         else:
             reason = "Completed" if rc == 0 else "Error"
             state = V1ContainerState(terminated=V1ContainerStateTerminated(exit_code=rc, reason=reason, message=None))

@@ -8,9 +8,13 @@ from dagster import AssetKey, DagsterInstance, Definitions
 from assets.definitions import build_definitions
 from dagster_rl.core.experiment import Experiment
 from dagster_rl.core.experiment_files import load_experiments
+from dagster_rl.core.records import Rollouts
+from dagster_rl.tasks.lm.records import LMRollout
 from resources import ArtifactStoreResource, RolloutEnvironment
+from tests import REPO
 
 CHAIN = ("rollouts", "rewards", "weights")
+LM_CHAIN = (*CHAIN, "evaluation")  # a language-model experiment evaluates each step's weights too
 
 
 @dataclass
@@ -74,6 +78,10 @@ class Lab:
     def store(self):
         return self.defs.resources["artifact_store"].get_store()
 
+    def rollouts(self, name: str, step: str) -> Rollouts[LMRollout]:
+        """The language-model rollouts stored for `<name>/rollouts` at `step` (its latest materialization)."""
+        return self.store().get_model("rollouts", self.latest(name, "rollouts", step)["artifact_key"], Rollouts[LMRollout])
+
     def reopen(self, **resources) -> "Lab":
         """The same home, store and experiments with other resources (a healthy environment, say)."""
         resources.setdefault("artifact_store", self.defs.resources["artifact_store"])
@@ -81,6 +89,13 @@ class Lab:
 
     def close(self) -> None:
         self.instance.dispose()
+
+
+def new_dagster_home(path: Path) -> Path:
+    """A fresh DAGSTER_HOME at `path` with the local instance's dagster.yaml."""
+    path.mkdir(parents=True)
+    (path / "dagster.yaml").write_text((REPO / "deploy" / "dagster.local.yaml").read_text())
+    return path
 
 
 def open_lab(home: Path, experiments_dir: Path, **resources) -> Lab:

@@ -33,12 +33,12 @@ from that (executor.py l. 254-277). tests/test_k8s_manifests.py runs that code o
 returns.
 """
 
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from tests import REPO
+
 VALUES = REPO / "deploy" / "helm" / "values.yaml"
 RELEASE, NAMESPACE = "dagster", "dagster-rl"  # as docs/kubernetes.md installs it
 SUBCHART = "dagster-user-deployments"

@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from tests import REPO
+
 PRODUCTION = REPO / "deploy" / "dagster.yaml"
 PG_ENV = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_PG_PASSWORD", "DAGSTER_PG_DB")
 

@@ -26,7 +26,6 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from dagster_rl.core.differences import Difference, compare
-from dagster_rl.core.experiment_files import parse_experiment
 from dagster_rl.core.hashing import canonical_json, content_hash
 from dagster_rl.core.records import STATS
 from dagster_rl.core.task import Backends, task_of

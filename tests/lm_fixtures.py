@@ -1,4 +1,5 @@
-"""Shared helpers of the language-model tests: the tiny model on disk, policies, a rollout batch."""
+"""Shared helpers of the language-model tests: policies over the tiny model (the `tiny_dir` fixture of
+conftest.py), a rollout batch, float32's bounds on on-policy ratios and gradients, worker subprocesses."""
 
 import os
 import subprocess
@@ -8,30 +9,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
 import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step
+from dagster_rl.tasks.lm.model.policy import Policy, load_policy
+from dagster_rl.tasks.lm.records import plan_requests
+from dagster_rl.tasks.lm.rewards import LMRubric, score
+from dagster_rl.tasks.lm.rollout.hf import generate_rollouts
+from dagster_rl.tasks.lm.settings import GRPOLMSettings, LoRASettings, PolicySettings, SamplingSettings
+from tests import REPO
 
-from dagster_rl.tasks.lm.model.policy import Policy, load_policy  # noqa: E402
-from dagster_rl.tasks.lm.rewards import LMRubric, score  # noqa: E402
-from dagster_rl.tasks.lm.records import plan_requests  # noqa: E402
-from dagster_rl.tasks.lm.rollout.hf import generate_rollouts  # noqa: E402
-from dagster_rl.tasks.lm.settings import GRPOLMSettings, LoRASettings, PolicySettings, SamplingSettings  # noqa: E402
-from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step  # noqa: E402
-from dagster_rl.tasks.lm.model.tiny import save_tiny_model  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
 TINY_TARGETS = ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 RUBRIC = LMRubric(accuracy=1.0, format=0.5)
 SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=3)
 GRPO = GRPOLMSettings(learning_rate=0.01, kl_beta=0.01, clip_eps=0.2, max_grad_norm=1.0)
-
-
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
 def policy_settings(tiny_dir: Path) -> PolicySettings:
@@ -75,6 +66,9 @@ EPS32 = torch.finfo(torch.float32).eps
 # off-policy step is far above it: 1e-3 and more one step behind, 0.59-1.04 sampled from a generation
 # config's truncated distribution.
 ON_POLICY_ROUNDING = 1e-4
+# The on_policy check's float32 bound on |log p_trainer - log p_sampler| (LMExperiment's default), which a
+# sampler in another process (vLLM, `dagster-rl serve`) must keep.
+FLOAT32_TOLERANCE = 1e-3
 
 
 @contextmanager
@@ -89,7 +83,7 @@ def gradient_terms(policy: Policy) -> Iterator[dict[str, torch.Tensor]]:
     hooks = []
     for name, module in policy.model.named_modules():
         if isinstance(module, LoraLinear):
-            for part, adapter in ((part, a) for part in ("lora_A", "lora_B") for a in getattr(module, part)):
+            for part, adapter in ((p, a) for p in ("lora_A", "lora_B") for a in getattr(module, p)):
                 key = f"{name}.{part}.{adapter}.weight"
                 if key not in names:  # a frozen adapter (a KL reference) gets no gradient
                     continue

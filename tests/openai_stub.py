@@ -27,6 +27,16 @@ from typing import Any
 _TRAJECTORY = re.compile(r"Trajectory \(JSON\):\n(\{.*\})", re.DOTALL)
 _UNSET = object()
 
+STUB_MODEL = "stub-judge-1"  # the model name the tests' judges ask the stub for
+
+
+def judge_on(stub: "OpenAIStub", model: str = STUB_MODEL, **settings: Any) -> Callable[[Any], Any]:
+    """A lab's `judge` resource on the stub: a function of the lab's artifact store resource, as
+    `open_lab` takes it, giving a `JudgeEnvironment(backend="openai")` with `settings`."""
+    from resources import JudgeEnvironment
+
+    return lambda store: JudgeEnvironment(artifact_store=store, backend="openai", base_url=stub.base_url, model=model, **settings)
+
 
 class CrashAfterJudgeCall(RuntimeError):
     """Raised in the caller after the stub answered (armed by crash_after_answer)."""

@@ -1,7 +1,6 @@
 """A throwaway PostgreSQL server on 127.0.0.1 for tests, started by deploy/postgres-test-server.sh.
 
-    from tests.postgres import postgres_server  # a session-scoped fixture
-    def test_x(postgres_server): postgres_server.env  # {"DAGSTER_PG_HOST": ..., ...}
+    def test_x(postgres_server): postgres_server.env  # {"DAGSTER_PG_HOST": ..., ...}  (a session fixture)
 
 Without Debian's `postgresql` server binaries the fixture skips, unless env CI is set: then it
 fails, so a CI image that lost PostgreSQL cannot pass by skipping.
@@ -10,7 +9,6 @@ fails, so a CI image that lost PostgreSQL cannot pass by skipping.
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -20,14 +18,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests import REPO
+from tests.machine import free_port, missing
+
 SCRIPT = REPO / "deploy" / "postgres-test-server.sh"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def postgres_bin() -> str | None:
@@ -44,21 +38,14 @@ def _version(path: str) -> tuple[int, ...]:
     return tuple(int(p) for p in part.split(".") if p.isdigit())
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def require_postgres() -> str:
     """The binaries' folder; skip the test when they are absent, fail instead under CI."""
     found = postgres_bin()
     if found is None:
-        reason = (
+        missing(
             "PostgreSQL server binaries not found (/usr/lib/postgresql/*/bin/initdb, pg_ctl); "
             "install Debian's package: apt-get install -y postgresql"
         )
-        if in_ci():
-            pytest.fail(f"CI is set and {reason}", pytrace=False)
-        pytest.skip(reason)
     return found
 
 

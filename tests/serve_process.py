@@ -10,7 +10,9 @@ from pathlib import Path
 
 from dagster_rl.inference.http_json import EndpointError, JSONEndpoint
 from dagster_rl.inference.vllm_client import VLLMClient
-from tests.servers import REPO, executable, free_port
+from tests import REPO
+from tests.machine import free_port
+from tests.servers import executable
 
 
 def serve_command(port: int, model: str = "builtin:tiny-qwen2", adapter_roots: Sequence[str] = (), *extra: str) -> list[str]:

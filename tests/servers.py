@@ -1,8 +1,6 @@
-"""A real `dagster-daemon` and `dagster-webserver` on 127.0.0.1 for tests, and a GraphQL client.
+"""A real `dagster-daemon` and `dagster-webserver` on 127.0.0.1 for tests, and a GraphQL client on httpx.
 
-    from tests.servers import dagster_servers  # noqa: F401  (a pytest fixture; or pytest_plugins)
-
-    def test_x(dagster_servers, tmp_path):
+    def test_x(dagster_servers, tmp_path):                    # a fixture (pytest_plugins in conftest.py)
         servers = dagster_servers(experiments_dir)            # SQLite home under tmp_path
         bid = servers.graphql.launch_partition_backfill([["demo", "rollouts"], ...], partition_names=[...])
         run = servers.graphql.wait_for_runs({"dagster/backfill": bid}, count=1)[0]
@@ -20,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,24 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import pytest
-import requests
 import yaml
 
+from tests import REPO
 from tests.instance_config import PG_ENV, write_dagster_yaml
+from tests.machine import free_port
 
-REPO = Path(__file__).resolve().parent.parent
 LOCATION = "dagster_rl"
 FILES_LOCATION = "invalid_experiment_files"
 BIN = Path(sys.executable).parent
 TERMINAL_RUN_STATUSES = {"SUCCESS", "FAILURE", "CANCELED"}
 TERMINAL_BACKFILL_STATUSES = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def executable(name: str) -> str:
@@ -85,7 +77,7 @@ class GraphQLClient:
         self.timeout_s = timeout_s
 
     def query(self, text: str, **variables: Any) -> dict[str, Any]:
-        resp = requests.post(self.url, json={"query": text, "variables": variables}, timeout=self.timeout_s)
+        resp = httpx.post(self.url, json={"query": text, "variables": variables}, timeout=self.timeout_s)
         if resp.status_code != 200:
             raise GraphQLError(f"HTTP {resp.status_code} from {self.url}: {resp.text[:2000]}")
         body = resp.json()
@@ -484,8 +476,8 @@ class DagsterServers:
         def webserver_up() -> bool:
             self._check_alive()
             try:
-                return requests.get(f"{self.url}/server_info", timeout=5).status_code == 200
-            except requests.RequestException:
+                return httpx.get(f"{self.url}/server_info", timeout=5).status_code == 200
+            except httpx.HTTPError:
                 return False
 
         wait_until(webserver_up, timeout_s, 0.5, lambda: f"(webserver on {self.url}):\n{self.log('webserver')[-4000:]}")

@@ -276,10 +276,10 @@ def test_every_task_kind_has_a_base_experiment():
 def _initial_prior_keyed_by_the_task_alone(exp, store):
     """The secret_search initial prior as it was keyed before: by its `task` block alone."""
     from dagster_rl.core.hashing import cache_key
+    from dagster_rl.core.task import Weights
     from dagster_rl.tasks.secret_search.loop import used_worlds
     from dagster_rl.tasks.secret_search.prior import uniform
     from dagster_rl.tasks.secret_search.records import TabularWeights
-    from dagster_rl.core.task import Weights
 
     priors = TabularWeights(version=0, doc_prior={w: uniform(exp.task.n_docs) for w in used_worlds(exp)})
     return Weights("initial", store.put_model("weights", cache_key("weights", "tabular-uniform-1", task=exp.task), priors), priors, 0)

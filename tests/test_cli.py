@@ -33,7 +33,7 @@ def test_lineage_walks_every_behavior_policy_back_to_step_0(uninterrupted, monke
     main(["lineage", "demo", "5", "--json"])
     chain = json.loads(capsys.readouterr().out)
     assert [s["step"] for s in chain] == [5, 4, 3, 2, 1, 0]
-    for newer, older in zip(chain, chain[1:]):
+    for newer, older in zip(chain, chain[1:], strict=False):
         assert newer["behavior_policy"]["content_hash"] == older["weights_hash"]
     assert chain[-1]["behavior_policy"]["partition"] == "initial"
     for s in chain:

@@ -13,11 +13,9 @@ from dagster import DagsterInstance
 
 from assets.concurrency import ensure_limit, experiment_pool
 from resources.run_launcher import LocalProcessRunLauncher
-from tests import helm_chart
+from tests import REPO, helm_chart
 from tests.instance_config import production_config, write_dagster_yaml
 
-REPO = Path(__file__).resolve().parent.parent
-VALUES = REPO / "deploy" / "helm" / "values.yaml"
 # The official chart's values.schema.json at the pinned version (Dagster's chart ships one). It is
 # not vendored in this repository (public repositories' files stay out of it); the steering repo's
 # shared/ can hold it, or DAGSTER_HELM_SCHEMA can name a copy.
@@ -60,7 +58,7 @@ def test_the_cluster_instance_is_configured_as_deploy_dagster_yaml():
     """Run retries, run monitoring (with free_slots_after_run_end_seconds), the run queue and the
     concurrency pools: what the Helm values render to (tests/helm_chart.py) equals dagster.yaml."""
     production = production_config()
-    rendered = helm_chart.instance_settings(yaml.safe_load(VALUES.read_text()))
+    rendered = helm_chart.instance_settings(yaml.safe_load(helm_chart.VALUES.read_text()))
     assert rendered["run_retries"] == production["run_retries"]
     assert rendered["run_monitoring"] == production["run_monitoring"]
     assert rendered["run_monitoring"]["free_slots_after_run_end_seconds"] > 0  # a killed run's slot is freed
@@ -90,7 +88,7 @@ def test_the_helm_values_are_valid_for_the_official_chart_schema():
     merged over the chart's defaults, which fill the schema's required fields; without the chart's
     values.yaml here, `required` is left out and everything else is checked."""
     schema = _without_required(json.loads(CHART_SCHEMA.read_text()))
-    values = yaml.safe_load(VALUES.read_text())
+    values = yaml.safe_load(helm_chart.VALUES.read_text())
     registry = _offline_registry(schema)
     errors = sorted(jsonschema.Draft7Validator(schema, registry=registry).iter_errors(values), key=lambda e: list(e.path))
     assert not errors, "\n".join(f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors)
@@ -107,9 +105,8 @@ def _without_required(schema):
 def _offline_registry(schema: dict):
     """The chart's schema refers to Kubernetes' definitions by URL; offline, each resolves to the
     definitions kubernetes-validate ships for Kubernetes 1.33."""
-    from referencing import Registry, Resource
-
     import kubernetes_validate
+    from referencing import Registry, Resource
 
     shipped = json.loads((Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / "v1.33.0-local" / "_definitions.json").read_text())
     # the chart's refs say #/definitions/<name>; kubernetes-validate's file says $defs (and refers to itself so)
@@ -129,6 +126,6 @@ def test_kubernetes_definitions_the_chart_schema_refers_to_resolve_offline():
     ref = "https://kubernetesjsonschema.dev/v1.18.0/_definitions.json#/definitions/io.k8s.api.core.v1.ResourceRequirements"
     schema = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "properties": {"resources": {"$ref": ref}}}
     validator = jsonschema.Draft7Validator(schema, registry=_offline_registry(schema))
-    (code,) = yaml.safe_load(VALUES.read_text())["dagster-user-deployments"]["deployments"]
+    (code,) = yaml.safe_load(helm_chart.VALUES.read_text())["dagster-user-deployments"]["deployments"]
     assert list(validator.iter_errors({"resources": code["resources"]})) == []
     assert [e.message for e in validator.iter_errors({"resources": {"limits": ["2Gi"]}})] == ["['2Gi'] is not of type 'object', 'null'"]

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from dagster_rl.core.experiment_reference import reference
+from tests import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 REFERENCE = REPO / "docs" / "experiment-file.md"
 BLOCK_TIMEOUT_S = 120  # one block; the whole marked set takes ~40-60 s on 2 shared cores

@@ -11,8 +11,8 @@ from dagster_rl.core.records import STATS, Rollouts
 from dagster_rl.tasks.secret_search.loop import _rollouts_key, ensure_worlds, initial_weights
 from dagster_rl.tasks.secret_search.records import Trajectory
 from resources import JudgeEnvironment, RolloutEnvironment
-from tests.conftest import demo_settings
 from tests.harness import CHAIN, failure_message
+from tests.settings import demo_settings
 
 STEPS = [step_key(i) for i in range(8)]
 

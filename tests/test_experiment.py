@@ -9,7 +9,8 @@ import yaml
 
 from dagster_rl.core.errors import ExperimentError
 from dagster_rl.core.experiment_files import load_experiments, read_experiments
-from tests.conftest import REPO, demo_settings, shipped_settings, write_experiments
+from tests import REPO
+from tests.settings import demo_settings, shipped_settings, write_experiments
 
 
 def load(tmp_path, *raws):
@@ -183,8 +184,8 @@ def test_shipped_experiments_load():
 
 def test_a_step_makes_only_the_worlds_it_uses(tmp_path):
     """finding 6: 1000 worlds of 1000 documents load, and a step makes the 6 its 6 prompts play."""
-    from dagster_rl.tasks.secret_search.loop import ensure_worlds, initial_weights
     from dagster_rl.store.artifact_store import ArtifactStore
+    from dagster_rl.tasks.secret_search.loop import ensure_worlds, initial_weights
 
     exp = load(tmp_path, demo_settings(task={"n_worlds": 1000, "n_docs": 1000}))["demo"]
     store = ArtifactStore(f"file://{tmp_path}/store")

@@ -10,7 +10,7 @@ from dagster_rl.core import counters
 from dagster_rl.core.records import Rollouts
 from dagster_rl.tasks.secret_search.records import Trajectory
 from resources import JudgeEnvironment, RolloutEnvironment
-from tests.conftest import demo_settings, shipped_settings
+from tests.settings import demo_settings, tiny_grpo
 from tests.test_driver import final_weights_bytes, step_rollouts_key
 
 STEPS = ["0000", "0001", "0002", "0003"]
@@ -92,15 +92,14 @@ def test_a_step_stored_with_too_few_usable_trials_is_no_dead_end(lab, uninterrup
     assert final_weights_bytes(healed, "demo", "0003") == final_weights_bytes(uninterrupted, "demo", "0003")
 
 
-def tiny(**overrides) -> dict:
-    return shipped_settings("tiny_grpo", n_steps=4, prompts_per_step=4, n_samples=4, min_trials_per_step=4, **overrides)
+FOUR_BY_FOUR = {"n_steps": 4, "prompts_per_step": 4, "n_samples": 4, "min_trials_per_step": 4}  # 16 trials a step
 
 
 def test_language_model_steps_store_trial_by_trial_too(lab):
     """The LM loop: generation failures are skipped, never cached; a healthy re-run generates only them."""
-    clean = lab("lm_clean", tiny())
+    clean = lab("lm_clean", tiny_grpo(**FOUR_BY_FOUR))
     assert clean.run("tiny_grpo", "0000", "0001").success
-    flaky = lab("lm_flaky", tiny(faults={"flaky_trial_rate": 0.3}), rollout=RolloutEnvironment(max_retries=0))
+    flaky = lab("lm_flaky", tiny_grpo(**FOUR_BY_FOUR, faults={"flaky_trial_rate": 0.3}), rollout=RolloutEnvironment(max_retries=0))
     assert flaky.run("tiny_grpo", "0000", "0001").success
     zero = flaky.latest("tiny_grpo", "rollouts", "0000")
     failed = zero["skipped_trials"]

@@ -17,9 +17,9 @@ from dagster import AssetKey, AssetMaterialization
 from assets.cli import main
 from dagster_rl.core import counters
 from resources import ArtifactStoreResource
-from tests.conftest import REPO, demo_settings
+from tests import REPO
 from tests.harness import failure_message
-from tests.test_store import ReadOnlyFileSystem  # noqa: F401  (registers the readonly:// protocol)
+from tests.settings import demo_settings
 
 STEPS = ["0000", "0001", "0002", "0003"]
 

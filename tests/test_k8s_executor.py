@@ -9,10 +9,7 @@ config and the op's `dagster-k8s/config`), its API client talks to the fake Kube
 process on this machine against the same SQLite instance.
 """
 
-import os
 import threading
-import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -21,10 +18,10 @@ from dagster_k8s.client import DagsterKubernetesClient
 
 from assets.concurrency import experiment_pool
 from assets.deployment import EXECUTOR
-from tests.conftest import demo_settings, write_experiments
 from tests.fake_kubernetes import FakeKubernetes
 from tests.instance_config import instance_config
 from tests.servers import wait_until
+from tests.settings import demo_settings, write_experiments
 
 EXPERIMENT = "slow"
 KUBECONFIG = """apiVersion: v1
@@ -94,7 +91,10 @@ def test_a_second_run_of_an_experiment_waits_for_the_first_under_k8s_job_executo
 
     first = threading.Thread(target=run, args=("first",))
     first.start()
-    step_jobs = lambda: [o for v, o in cluster.calls if v == "create" and o.startswith("job/")]  # noqa: E731
+
+    def step_jobs():
+        return [o for v, o in cluster.calls if v == "create" and o.startswith("job/")]
+
     wait_until(lambda: step_jobs() or not first.is_alive(), 120, 0.2, lambda: f"no step Job of the first run: {cluster.calls}")
     assert len(step_jobs()) == 1, results
     with DagsterInstance.from_config(str(home)) as instance:

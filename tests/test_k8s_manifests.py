@@ -15,7 +15,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import kubernetes
-import kubernetes_validate
 import pytest
 import yaml
 from dagster import EnvVar
@@ -31,21 +30,23 @@ from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_
 from assets import deployment
 from dagster_rl.core.errors import SettingError
 from dagster_rl.core.experiment_files import load_experiments
-from dagster_rl.runtime.k8s_manifests import INDEX_LABEL, MAX_LABEL, ClusterSettings, expand, headless_service, indexed_job, job_name
-from dagster_rl.tasks.lm.backends import LMTrainer
+from dagster_rl.runtime.k8s_manifests import (
+    INDEX_LABEL,
+    MAX_LABEL,
+    ClusterSettings,
+    expand,
+    headless_service,
+    indexed_job,
+    job_name,
+)
 from dagster_rl.runtime.pods import COMPLETION_INDEX, MASTER_ADDR, MASTER_PORT, PodJob, PodResources
-from tests import helm_chart
-from tests.conftest import shipped_settings
-from tests.fake_kubernetes import allows
+from dagster_rl.tasks.lm.backends import LMTrainer
+from tests import REPO, helm_chart
+from tests.fake_kubernetes import allows, validate
 from tests.harness import failure_message
+from tests.settings import shipped_settings
 
-REPO = Path(__file__).resolve().parent.parent
-K8S = "1.33.0"
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-
-
-def validate(obj: dict) -> None:
-    kubernetes_validate.validate(obj, K8S, strict=True)
 
 
 def documents(path: Path) -> list[dict]:

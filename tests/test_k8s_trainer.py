@@ -20,10 +20,10 @@ from dagster_k8s.client import DagsterKubernetesClient
 from dagster_rl.runtime.pods import PodJob, PodResources
 from resources import PipesK8sJobLauncher, PipesTorchrunLauncher, TrainerEnvironment
 from resources.k8s_launcher import PodJobFailed, PodJobTerminated
-from tests.conftest import SESSION_STEPS, TINY_PLUMBING, session_settings, shipped_settings
 from tests.fake_kubernetes import FakeKubernetes, kill_pod_processes
 from tests.harness import failure_message
 from tests.helm_chart import NAMESPACE, RELEASE, VALUES, bound_rules, user_deployments_service_account
+from tests.settings import SESSION_STEPS, TINY_PLUMBING, session_settings, shipped_settings
 
 CLUSTER: dict[str, FakeKubernetes] = {}
 

@@ -6,7 +6,8 @@ import re
 from importlib.metadata import version
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests import REPO
+
 PACKAGES = ("dagster_rl", "assets", "resources")
 
 

@@ -8,21 +8,19 @@ import yaml
 
 from dagster_rl.core import counters
 from dagster_rl.core.errors import SettingError
-from dagster_rl.judges.journal import KIND, JudgeJournal, journal_key, trajectory_hash
-from dagster_rl.judges.llm_judge import LLMJudge, LLMJudgeError, OpenAIChatClient, parse_score, rubric_hash
 from dagster_rl.core.records import Rewards
 from dagster_rl.core.retries import AttemptsExhausted, Limits
+from dagster_rl.core.task import Backends
+from dagster_rl.judges.journal import KIND, JudgeJournal, journal_key, trajectory_hash
+from dagster_rl.judges.llm_judge import LLMJudge, LLMJudgeError, OpenAIChatClient, parse_score, rubric_hash
+from dagster_rl.store.artifact_store import ArtifactStore
 from dagster_rl.tasks.secret_search.backends import SandboxRollouts, TabularTrainer
 from dagster_rl.tasks.secret_search.experiment import SecretSearchExperiment
 from dagster_rl.tasks.secret_search.grading import SecretSearchGrading
 from dagster_rl.tasks.secret_search.loop import initial_weights, run_step
 from dagster_rl.tasks.secret_search.records import Reward, Trajectory
-from dagster_rl.store.artifact_store import ArtifactStore
-from dagster_rl.core.task import Backends
-from tests.openai_stub import CrashAfterJudgeCall, OpenAIStub, rule_score
-
-REPO = Path(__file__).resolve().parent.parent
-MODEL = "stub-judge-1"
+from tests import REPO
+from tests.openai_stub import STUB_MODEL, CrashAfterJudgeCall, OpenAIStub, judge_on, rule_score
 
 
 def experiment(**overrides) -> SecretSearchExperiment:
@@ -60,7 +58,7 @@ def store(tmp_path) -> ArtifactStore:
     return ArtifactStore(f"file://{tmp_path}/artifacts")
 
 
-def make_judge(stub: OpenAIStub, store: ArtifactStore, model: str = MODEL, max_retries: int = 2, **kw) -> LLMJudge:
+def make_judge(stub: OpenAIStub, store: ArtifactStore, model: str = STUB_MODEL, max_retries: int = 2, **kw) -> LLMJudge:
     # A fresh journal object over the store, as a new process (a retried task) would build.
     return LLMJudge(
         client=OpenAIChatClient(stub.base_url, timeout_s=5.0),
@@ -84,8 +82,8 @@ def test_a_crash_after_the_call_is_retried_from_the_journal_one_call_per_traject
     assert stub.count == len(trajs), "a retried attempt must replay the journal, not call the judge again"
     assert counters.read("judge_journal_replays") - replays == len(trajs)
     weight = exp.rubric.correctness + exp.rubric.efficiency + exp.rubric.tidiness
-    for t, call_body, r in zip(trajs, stub.calls, rewards):
-        assert call_body["model"] == MODEL
+    for _, call_body, r in zip(trajs, stub.calls, rewards, strict=True):
+        assert call_body["model"] == STUB_MODEL
         assert r.components["llm"] == rule_score(call_body)
         assert r.score == pytest.approx(weight * r.components["llm"])
         assert 0.0 <= r.reward <= exp.rubric.max_reward
@@ -161,13 +159,13 @@ def test_http_errors_are_retried_and_unreachable_endpoints_are_named(stub, store
 
     client = OpenAIChatClient("http://127.0.0.1:9/v1", timeout_s=2.0)  # nothing listens on port 9
     with pytest.raises(LLMJudgeError, match="unreachable"):
-        client.complete({"model": MODEL, "messages": []})
+        client.complete({"model": STUB_MODEL, "messages": []})
 
 
 def test_timeouts_and_replies_without_a_score_are_clear_errors():
     with OpenAIStub(delay_s=1.0) as slow:
         with pytest.raises(LLMJudgeError, match="did not answer within 0.2 s"):
-            OpenAIChatClient(slow.base_url, timeout_s=0.2).complete({"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+            OpenAIChatClient(slow.base_url, timeout_s=0.2).complete({"model": STUB_MODEL, "messages": [{"role": "user", "content": "x"}]})
     assert parse_score("Reasoning... SCORE: 0.75") == 0.75
     assert parse_score('{"score": 1}') == 1.0
     with pytest.raises(LLMJudgeError, match="no score"):
@@ -178,12 +176,10 @@ def test_timeouts_and_replies_without_a_score_are_clear_errors():
 
 def test_the_judge_environment_openai_backend_drives_steps_one_call_per_trial(stub, lab):
     """The Dagster resource: JudgeEnvironment(backend="openai") through the driver, in-process."""
-    from resources import JudgeEnvironment
-    from tests.conftest import demo_settings
+    from tests.settings import demo_settings
 
     settings = demo_settings(name="llm", n_steps=2, prompts_per_step=4, n_samples=4, min_trials_per_step=8, faults={"judge_flake_rate": 0.3})
-    judge = lambda store: JudgeEnvironment(artifact_store=store, backend="openai", base_url=stub.base_url, model=MODEL, request_timeout_s=5.0)  # noqa: E731
-    run = lab("llm", settings, judge=judge)
+    run = lab("llm", settings, judge=judge_on(stub, request_timeout_s=5.0))
     run.run("llm", "0000", "0001")
     assert stub.count == 2 * 16, "one judge call per trial; flaked judgements replay the journal"
     for step in ("0000", "0001"):
@@ -211,7 +207,7 @@ def test_the_code_location_picks_the_llm_judge_from_the_environment(monkeypatch)
     monkeypatch.setenv("DAGSTER_RL_JUDGE_URL", "http://127.0.0.1:1/v1")
     with pytest.raises(SettingError, match="DAGSTER_RL_JUDGE_MODEL"):
         judge_environment(store)
-    monkeypatch.setenv("DAGSTER_RL_JUDGE_MODEL", MODEL)
+    monkeypatch.setenv("DAGSTER_RL_JUDGE_MODEL", STUB_MODEL)
     judge = judge_environment(store)
     assert judge.backend == "openai" and judge.base_url == EnvVar("DAGSTER_RL_JUDGE_URL") and judge.api_key == ""
 
@@ -225,11 +221,10 @@ def lm_rule(body: dict) -> float:
 def test_the_llm_judge_grades_language_model_completions_through_the_driver(lab):
     """A GSM8K-format language-model experiment judged by JudgeEnvironment(backend="openai"): the
     verifier decides accuracy, the LLM grades the format, one paid call per trial under judge flakes."""
-    from dagster_rl.tasks.lm.grading import LMGrading
     from dagster_rl.tasks.lm.data.prompts import load_prompt_set
+    from dagster_rl.tasks.lm.grading import LMGrading
     from dagster_rl.tasks.lm.rewards import LMReward
-    from resources import JudgeEnvironment
-    from tests.conftest import shipped_settings
+    from tests.settings import shipped_settings
 
     settings = shipped_settings(
         "tiny_gsm8k", name="lm_llm", n_steps=2, prompts_per_step=4, n_samples=4, min_trials_per_step=8,
@@ -238,8 +233,7 @@ def test_the_llm_judge_grades_language_model_completions_through_the_driver(lab)
     )
     replays = counters.read("judge_journal_replays")
     with OpenAIStub(rule=lm_rule) as stub:
-        judge = lambda store: JudgeEnvironment(artifact_store=store, backend="openai", base_url=stub.base_url, model=MODEL, request_timeout_s=5.0)  # noqa: E731
-        run = lab("lm_llm", settings, judge=judge)
+        run = lab("lm_llm", settings, judge=judge_on(stub, request_timeout_s=5.0))
         result = run.run("lm_llm", "0000", "0001")
         assert result.success
         assert stub.count == 2 * 16, "one judge call per trial; flaked judgements replay the journal"
@@ -264,7 +258,7 @@ def test_the_llm_judge_grades_language_model_completions_through_the_driver(lab)
     graded = _rollout(run, "0000", rewards[0].trial_id)
     entries = [JudgeJournal(run.store()).lookup(body, trajectory_hash(graded)) for body in calls]
     entry = next(e for e in entries if e is not None)
-    assert entry.rubric_hash == rubric_hash(exp.rubric, LMGrading.prompt_version) and entry.model == MODEL
+    assert entry.rubric_hash == rubric_hash(exp.rubric, LMGrading.prompt_version) and entry.model == STUB_MODEL
     assert entry is not None and entry.score == rewards[0].components["llm"]
 
     in_process = lab("lm_rubric", settings)
@@ -276,17 +270,13 @@ def test_the_llm_judge_grades_language_model_completions_through_the_driver(lab)
 
 
 def _rollout(run, step: str, trial_id: str):
-    from dagster_rl.tasks.lm.records import LMRollout
-    from dagster_rl.core.records import Rollouts
-
-    rollouts = run.store().get_model("rollouts", run.latest("lm_llm", "rollouts", step)["artifact_key"], Rollouts[LMRollout])
-    return next(t for t in rollouts.trajectories if t.trial_id == trial_id)
+    return next(t for t in run.rollouts("lm_llm", step).trajectories if t.trial_id == trial_id)
 
 
 def test_a_judge_that_answers_megabytes_has_a_bounded_journal(stub, store, tmp_path):
     """finding 7 of issue 10: 5 MB replies were journaled in full (115 MB for one step)."""
-    from dagster_rl.judges.journal import MAX_REPLY_CHARS
     from dagster_rl.core.hashing import sha256_hex
+    from dagster_rl.judges.journal import MAX_REPLY_CHARS
 
     exp, trajs = experiment(), [trajectory(i) for i in range(4)]
     stub.reply_text = "SCORE: 0.5\n" + "blah " * 1_000_000
@@ -336,7 +326,7 @@ def test_a_journal_entry_no_judge_could_have_written_is_moved_aside_and_asked_ag
     exp, traj = experiment(), trajectory(1)
     t_hash, r_hash = trajectory_hash(traj), rubric_hash(exp.rubric, SecretSearchGrading.prompt_version)
     request = make_judge(stub, store).request(exp, traj)
-    forged = JudgeCall.model_construct(trajectory_hash=t_hash, rubric_hash=r_hash, model=MODEL, request=request, reply="SCORE: 5", score=5.0, recorded_at="x")
+    forged = JudgeCall.model_construct(trajectory_hash=t_hash, rubric_hash=r_hash, model=STUB_MODEL, request=request, reply="SCORE: 5", score=5.0, recorded_at="x")
     store.put_model(KIND, journal_key(request, t_hash), forged)
     reward = make_judge(stub, store).judge(exp, traj)
     assert stub.count == 1 and reward.components["llm"] == rule_score(stub.calls[0])  # asked again, not replayed
@@ -353,7 +343,7 @@ def test_a_judge_that_never_answers_fails_the_step_after_one_judgements_worst_ca
     with OpenAIStub(delay_s=30.0) as silent:
         judge = LLMJudge(
             client=OpenAIChatClient(silent.base_url, timeout_s=0.3),
-            model=MODEL,
+            model=STUB_MODEL,
             journal=JudgeJournal(store),
             grading=SecretSearchGrading(),
             limits=Limits(max_retries=2, timeout_s=60.0, max_concurrency=4),

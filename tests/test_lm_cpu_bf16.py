@@ -9,7 +9,6 @@ from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.tasks.lm.model import cpu_bf16
 from dagster_rl.tasks.lm.model.policy import load_policy
 from dagster_rl.tasks.lm.settings import PolicySettings
-from tests.lm_fixtures import tiny_dir  # noqa: F401
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ from dagster_rl.tasks.lm.model.policy import checkpoint_bytes, make_optimizer, r
 from dagster_rl.tasks.lm.records import plan_requests
 from dagster_rl.tasks.lm.rollout.hf import generate_rollouts
 from dagster_rl.tasks.lm.settings import PolicySettings
-from dagster_rl.tasks.lm.train.trainer import build_samples, train_step
 from dagster_rl.tasks.lm.train.entrypoint import process_group_backend
-from tests.lm_fixtures import GRPO, SAMPLING, fresh_policy, policy_settings, tiny_dir  # noqa: F401
+from dagster_rl.tasks.lm.train.trainer import build_samples, train_step
+from tests.lm_fixtures import GRPO, SAMPLING, fresh_policy, policy_settings
 
 GPU = torch.cuda.is_available()
 needs_gpu = pytest.mark.skipif(not GPU, reason="no GPU: torch.cuda.is_available() is False on this machine")
@@ -73,9 +73,9 @@ def test_generation_and_training_on_cuda_agree_with_the_cpu(tiny_dir):
     cpu_rollouts, rewards = _step(on_cpu)
     gpu_rollouts, _ = _step(on_gpu)
     # the uniforms come from the CPU generator everywhere: the same tokens where the logits agree
-    same = sum(a.completion_token_ids == b.completion_token_ids for a, b in zip(cpu_rollouts, gpu_rollouts))
+    same = sum(a.completion_token_ids == b.completion_token_ids for a, b in zip(cpu_rollouts, gpu_rollouts, strict=True))
     assert same >= len(cpu_rollouts) - 1, same
-    for a, b in zip(cpu_rollouts, gpu_rollouts):
+    for a, b in zip(cpu_rollouts, gpu_rollouts, strict=True):
         if a.completion_token_ids == b.completion_token_ids:
             assert a.sampling_logprobs == pytest.approx(b.sampling_logprobs, abs=1e-4)
     m_cpu, g_cpu, _ = _train(on_cpu, cpu_rollouts, rewards)

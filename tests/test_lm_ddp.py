@@ -8,11 +8,18 @@ from dagster_pipes import encode_param
 from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file
 
-from dagster_rl.tasks.lm.model.policy import ADAPTER, checkpoint_bytes, load_checkpoint, load_policy, make_optimizer, save_checkpoint
+from dagster_rl.tasks.lm.model.policy import (
+    ADAPTER,
+    checkpoint_bytes,
+    load_checkpoint,
+    load_policy,
+    make_optimizer,
+    save_checkpoint,
+)
 from dagster_rl.tasks.lm.settings import GRPOLMSettings
-from dagster_rl.tasks.lm.train.trainer import TrainMetrics, build_samples, micro_batches, shard, train_step
 from dagster_rl.tasks.lm.train.entrypoint import CHECKPOINT_DIR, GRADS, METRICS, TrainBatch, TrainJob, launch_torchrun, write_job
-from tests.lm_fixtures import (  # noqa: F401
+from dagster_rl.tasks.lm.train.trainer import TrainMetrics, build_samples, micro_batches, shard, train_step
+from tests.lm_fixtures import (
     EPS32,
     GRPO,
     assert_within_summation_bound,
@@ -22,7 +29,6 @@ from tests.lm_fixtures import (  # noqa: F401
     positions,
     run,
     step_batch,
-    tiny_dir,
 )
 
 # a strong KL weight: with a 1-sample batch (one rank's shard empty) the KL term is the whole gradient;

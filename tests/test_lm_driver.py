@@ -6,30 +6,25 @@ import pytest
 
 from dagster_rl.core import counters
 from dagster_rl.core.experiment import step_key
-from tests.conftest import TINY_PLUMBING, shipped_settings
-from tests.harness import failure_message
+from tests.harness import LM_CHAIN, failure_message
 from tests.lm_fixtures import ON_POLICY_ROUNDING
+from tests.settings import shipped_settings, tiny_grpo
 
 STEPS = [step_key(i) for i in range(4)]
-CHAIN = ("rollouts", "rewards", "weights", "evaluation")
 # The shipped tiny_grpo's first 12 steps: the mean held-out accuracy of steps 9-11 rises at least 10
 # points above the warm-up's. Measured (bench/learning_curves.py, native AVX-512, avx2 and default
 # kernels x seeds 0-2): +0.22 to +0.24 for seed 0 (this test's) on all three, +0.09 to +0.24 over all 9.
 LEARNING_STEPS, LEARNING_RISE = 12, 0.10
 
 
-def tiny(**overrides) -> dict:
-    return shipped_settings("tiny_grpo", **{**TINY_PLUMBING, **overrides})
-
-
 @pytest.fixture(scope="module")
 def on_policy(tmp_path_factory):
     """tiny_grpo steps 0000..0003 (its warm-up first), on-policy, trainer in-process, 8 prompts a step."""
-    from tests.conftest import new_dagster_home, write_experiments
-    from tests.harness import open_lab
+    from tests.harness import new_dagster_home, open_lab
+    from tests.settings import write_experiments
 
     home = new_dagster_home(tmp_path_factory.mktemp("tiny") / "home")
-    lab = open_lab(home, write_experiments(home / "experiments", tiny()))
+    lab = open_lab(home, write_experiments(home / "experiments", tiny_grpo()))
     lab.result = lab.run("tiny_grpo", STEPS[0], STEPS[-1])
     yield lab
     lab.close()
@@ -37,7 +32,7 @@ def on_policy(tmp_path_factory):
 
 def test_every_step_materializes_all_four_assets_in_order(on_policy):
     assert on_policy.result.success
-    for asset in CHAIN:
+    for asset in LM_CHAIN:
         assert [e.asset_materialization.partition for e in on_policy.events("tiny_grpo", asset)] == STEPS, asset
 
 
@@ -92,7 +87,7 @@ def test_a_second_run_is_all_cache_hits(on_policy):
     assert counters.read("trials_executed") == before.get("trials_executed", 0)
     assert counters.read("train_calls") == before.get("train_calls", 0)
     assert counters.read("evaluations") == before.get("evaluations", 0)
-    for asset in CHAIN:
+    for asset in LM_CHAIN:
         assert all(on_policy.latest("tiny_grpo", asset, s)["cache"] == "hit" for s in STEPS), asset
 
 
@@ -131,7 +126,7 @@ def test_status_of_a_language_model_shows_its_warm_up_and_held_out_accuracy(on_p
 
 
 def test_pipelined_steps_generate_with_the_weights_of_two_steps_back_and_resume_exactly(lab):
-    ref = lab("lag", tiny(name="lagged", max_policy_lag=1))
+    ref = lab("lag", tiny_grpo(name="lagged", max_policy_lag=1))
     assert ref.run("lagged", "0000", "0003").success
     behavior = [ref.latest("lagged", "rollouts", s)["behavior_policy"]["partition"] for s in STEPS[:4]]
     assert behavior == ["sft", "sft", "0000", "0001"]  # step 0's weights (the warm-up's) generate steps 0 and 1
@@ -140,7 +135,7 @@ def test_pipelined_steps_generate_with_the_weights_of_two_steps_back_and_resume_
     # on-policy: 1 within rounding; stale samples: the importance ratio corrects
     assert md[0]["ratio_max_dev"] < ON_POLICY_ROUNDING and md[1]["ratio_max_dev"] > 1e-3
 
-    crashy = lab("lag_crash", tiny(name="lagged", max_policy_lag=1, faults={"crash_driver_at_step": 1}))
+    crashy = lab("lag_crash", tiny_grpo(name="lagged", max_policy_lag=1, faults={"crash_driver_at_step": 1}))
     assert not crashy.run("lagged", "0000", "0003", raise_on_error=False).success
     assert sorted(crashy.metadata("lagged", "weights")) == ["0000", "0001"]
     assert crashy.run("lagged", "0002", "0003").success  # resumes from 0001, behavior from 0000's weights
@@ -150,7 +145,7 @@ def test_pipelined_steps_generate_with_the_weights_of_two_steps_back_and_resume_
 
 @pytest.mark.numerics
 def test_torchrun_trainer_through_pipes_matches_the_in_process_trainer(lab, on_policy):
-    two = lab("torchrun", tiny(name="ddp", trainer={"backend": "torchrun", "nproc_per_node": 2}))
+    two = lab("torchrun", tiny_grpo(name="ddp", trainer={"backend": "torchrun", "nproc_per_node": 2}))
     result = two.run("ddp", "0000", "0000")
     assert result.success, failure_message(result)
     logs = [e.message for e in two.instance.all_logs(result.run_id)]
@@ -176,11 +171,7 @@ def test_torchrun_trainer_through_pipes_matches_the_in_process_trainer(lab, on_p
 
 
 def _stored_rollouts(lab, step: str):
-    from dagster_rl.tasks.lm.records import LMRollout
-    from dagster_rl.core.records import Rollouts
-
-    key = lab.latest("tiny_grpo", "rollouts", step)["artifact_key"]
-    return lab.store().get_model("rollouts", key, Rollouts[LMRollout]).trajectories
+    return lab.rollouts("tiny_grpo", step).trajectories
 
 
 @pytest.mark.numerics
@@ -188,7 +179,7 @@ def test_flaky_trials_are_retried_one_by_one_and_end_as_a_clean_run(lab, on_poli
     """Retried trials are generated in other batches than in a clean run: they sample the same tokens,
     and their log-probs, and what is trained from them, agree to float rounding. (Bitwise equality
     across batch layouts is not promised; the same plan gives the same bytes: see the resume tests.)"""
-    flaky = lab("flaky", tiny(faults={"flaky_trial_rate": 0.3}))
+    flaky = lab("flaky", tiny_grpo(faults={"flaky_trial_rate": 0.3}))
     before = counters.snapshot()
     assert flaky.run("tiny_grpo", "0000", "0001").success
     executed = counters.read("trials_executed") - before.get("trials_executed", 0)
@@ -198,21 +189,21 @@ def test_flaky_trials_are_retried_one_by_one_and_end_as_a_clean_run(lab, on_poli
         assert md["n_trials"] == 64 and md["skipped_trials"] == 0
         ours, theirs = _stored_rollouts(flaky, step), _stored_rollouts(on_policy, step)
         assert [r.trial_id for r in ours] == [r.trial_id for r in theirs]
-        assert all(a.completion_token_ids == b.completion_token_ids for a, b in zip(ours, theirs)), step
-        for a, b in zip(ours, theirs):
+        assert all(a.completion_token_ids == b.completion_token_ids for a, b in zip(ours, theirs, strict=True)), step
+        for a, b in zip(ours, theirs, strict=True):
             assert a.sampling_logprobs == pytest.approx(b.sampling_logprobs, abs=1e-5), a.trial_id
         assert md["mean_reward"] == clean["mean_reward"] and md["success_rate"] == clean["success_rate"]
         for name in ("ratio", "kl", "grad_norm"):
             assert md[name] == pytest.approx(clean[name], rel=1e-4, abs=1e-7), (step, name)
         assert abs(md["loss"] - clean["loss"]) < 1e-6 and md["ratio_max_dev"] < ON_POLICY_ROUNDING
-        print(step, "max |logp flaky - clean|", max(abs(x - y) for a, b in zip(ours, theirs) for x, y in zip(a.sampling_logprobs, b.sampling_logprobs)),
+        print(step, "max |logp flaky - clean|", max(abs(x - y) for a, b in zip(ours, theirs, strict=True) for x, y in zip(a.sampling_logprobs, b.sampling_logprobs, strict=True)),
               "weights bytes equal:", md["content_hash"] == clean["content_hash"])
 
 
 def test_a_trial_that_fails_after_its_retries_is_skipped_not_the_step(lab):
     from resources import RolloutEnvironment
 
-    settings = tiny(faults={"flaky_trial_rate": 0.3}, min_trials_per_step=8, checks={"min_usable_fraction": 0.2})
+    settings = tiny_grpo(faults={"flaky_trial_rate": 0.3}, min_trials_per_step=8, checks={"min_usable_fraction": 0.2})
     flaky = lab("skips", settings, rollout=RolloutEnvironment(max_retries=0))
     assert flaky.run("tiny_grpo", "0000", "0000").success
     md = flaky.latest("tiny_grpo", "weights", "0000")
@@ -226,7 +217,7 @@ def test_kl_to_the_warm_up_through_the_in_process_trainer_that_keeps_its_policy_
     keeps one policy loaded across steps, with the reference as a frozen second adapter beside the
     trained one: step 0 trains from the reference itself (KL 0), later steps move away from it, and
     a trainer that loads the policy afresh each step (torchrun) makes the same updates."""
-    settings = tiny(name="sftref", n_steps=3, prompts_per_step=4, n_samples=4, min_trials_per_step=8, grpo={"kl_reference": "sft"})
+    settings = tiny_grpo(name="sftref", n_steps=3, prompts_per_step=4, n_samples=4, min_trials_per_step=8, grpo={"kl_reference": "sft"})
     kept = lab("sftref", settings)
     assert kept.run("sftref", "0000", "0002").success
     md = [kept.latest("sftref", "weights", s) for s in ("0000", "0001", "0002")]

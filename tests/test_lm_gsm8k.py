@@ -6,12 +6,11 @@ from statistics import fmean
 import pytest
 
 from dagster_rl.core.experiment import step_key
+from dagster_rl.core.records import Rewards
 from dagster_rl.tasks.lm.data.prompts import extract_answer, has_answer_mark
-from dagster_rl.tasks.lm.records import LMRollout
-from dagster_rl.tasks.lm.rewards import LMReward
 from dagster_rl.tasks.lm.model.tiny import IM_START
-from dagster_rl.core.records import Rewards, Rollouts
-from tests.conftest import shipped_settings
+from dagster_rl.tasks.lm.rewards import LMReward
+from tests.settings import shipped_settings
 
 GSM8K_RISE, GSM8K_LAST = 0.04, 10  # see test_tiny_gsm8k_heldout_accuracy_rises_above_the_warm_started_base
 STEPS = [step_key(i) for i in range(shipped_settings("tiny_gsm8k")["n_steps"])]
@@ -20,8 +19,8 @@ STEPS = [step_key(i) for i in range(shipped_settings("tiny_gsm8k")["n_steps"])]
 @pytest.fixture(scope="module")
 def curve(tmp_path_factory):
     """The shipped experiment, its warm-up and all its steps, through the driver."""
-    from tests.conftest import new_dagster_home, write_experiments
-    from tests.harness import open_lab
+    from tests.harness import new_dagster_home, open_lab
+    from tests.settings import write_experiments
 
     home = new_dagster_home(tmp_path_factory.mktemp("gsm8k") / "home")
     lab = open_lab(home, write_experiments(home / "experiments", shipped_settings("tiny_gsm8k")))
@@ -40,7 +39,7 @@ def test_tiny_gsm8k_warms_up_and_steps_through_the_driver(curve):
     assert sft["sft_steps"] % every == 0 and (sft["check_accuracy"] >= target or sft["sft_steps"] == exp.warmup.steps), sft
 
     store = curve.store()
-    rollouts = store.get_model("rollouts", curve.latest("tiny_gsm8k", "rollouts", STEPS[0])["artifact_key"], Rollouts[LMRollout])
+    rollouts = curve.rollouts("tiny_gsm8k", STEPS[0])
     rewards = store.get_model("rewards", curve.latest("tiny_gsm8k", "rewards", STEPS[0])["artifact_key"], Rewards[LMReward])
     assert len(rollouts.trajectories) == exp.prompts_per_step * exp.n_samples
     from transformers import AutoTokenizer

@@ -4,12 +4,12 @@ import statistics
 
 import pytest
 
+from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts, load_prompt_set
 from dagster_rl.tasks.lm.evaluation import evaluate
 from dagster_rl.tasks.lm.in_memory import inprocess_step
 from dagster_rl.tasks.lm.model.policy import make_optimizer
 from dagster_rl.tasks.lm.settings import GRPOLMSettings, SamplingSettings
-from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts, load_prompt_set
-from tests.lm_fixtures import ON_POLICY_ROUNDING, RUBRIC, fresh_policy, tiny_dir  # noqa: F401
+from tests.lm_fixtures import ON_POLICY_ROUNDING, RUBRIC, fresh_policy
 
 STEPS = 8
 

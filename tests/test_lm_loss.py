@@ -8,7 +8,6 @@ import torch
 from dagster_rl.core.advantages import group_normalized_advantages
 from dagster_rl.tasks.lm.train.grpo_loss import grpo_sample_loss
 from dagster_rl.tasks.lm.train.trainer import build_samples
-from tests.lm_fixtures import RUBRIC  # noqa: F401  (keeps the shared env settings)
 
 EPS = 0.2
 RATIOS = [1.5, 0.5, 1.0]  # above 1+eps, below 1-eps, on-policy
@@ -69,8 +68,8 @@ def test_advantages_zero_variance_group_gives_zero_but_keeps_its_samples():
 
 
 def test_build_samples_groups_by_step_and_prompt_and_keeps_no_signal_groups():
-    from dagster_rl.tasks.lm.rewards import LMReward
     from dagster_rl.tasks.lm.records import LMRollout
+    from dagster_rl.tasks.lm.rewards import LMReward
 
     def rollout(p, s):
         return LMRollout(

@@ -9,64 +9,39 @@ import pytest
 import torch
 
 from dagster_rl.core import counters
+from dagster_rl.core.records import Rollouts, TrialFailed
+from dagster_rl.core.retries import Limits
+from dagster_rl.core.task import Endpoint
 from dagster_rl.inference.http_json import EndpointError, JSONEndpoint
-from dagster_rl.tasks.lm.experiment import LMExperiment
-from dagster_rl.tasks.lm.model.logprobs import completion_logprobs
-from dagster_rl.tasks.lm.loop import LMLoop
-from dagster_rl.tasks.lm.model.policy import ADAPTER, OPTIMIZER, STATE, load_base
+from dagster_rl.inference.vllm_client import ServerSampling
+from dagster_rl.store.artifact_store import ArtifactStore
 from dagster_rl.tasks.lm.data.prompts import load_prompt_set, prompts_for_step
+from dagster_rl.tasks.lm.experiment import LMExperiment
+from dagster_rl.tasks.lm.loop import LMLoop
+from dagster_rl.tasks.lm.model.logprobs import completion_logprobs
+from dagster_rl.tasks.lm.model.policy import ADAPTER, OPTIMIZER, STATE, load_base
 from dagster_rl.tasks.lm.records import LMRollout, plan_requests
 from dagster_rl.tasks.lm.rollout.openai_client import ServerRollouts
 from dagster_rl.tasks.lm.rollout.sampling import generate
 from dagster_rl.tasks.lm.settings import SamplingSettings
-from dagster_rl.core.records import Rollouts, TrialFailed
-from dagster_rl.core.retries import Limits
-from dagster_rl.store.artifact_store import ArtifactStore
-from dagster_rl.core.task import Endpoint
-from dagster_rl.inference.vllm_client import ServerSampling
 from resources import RolloutEnvironment
-from tests.conftest import TINY_PLUMBING, shipped_settings
 from tests.harness import failure_message
-from tests.serve_process import ServeProcess, post, serve_command
-from tests.servers import free_port
+from tests.machine import free_port
+from tests.serve_process import post, serve_command
+from tests.settings import SERVED_LORA, served, tiny_grpo
 
 TINY = "builtin:tiny-qwen2"
-
-
-def tiny(**overrides) -> dict:
-    return shipped_settings("tiny_grpo", **{**TINY_PLUMBING, **overrides})
-
-
-# vLLM's LoRA adapts no lm_head: an openai_server experiment may not target it (tiny_grpo's does)
-SERVED_LORA = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "init_seed": 7}
-
-
-def served(**overrides) -> dict:
-    policy = {"base_model": TINY, "lora": SERVED_LORA, **overrides.pop("policy", {})}
-    return tiny(rollout={"backend": "openai_server"}, policy=policy, **overrides)
 
 
 def server_sampling(temperature: float, max_tokens: int, stop: int = 1) -> ServerSampling:
     return ServerSampling(temperature, 1.0, max_tokens, stop_token_ids=(stop,))  # builtin:tiny-qwen2's eos is 1
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """One `dagster-rl serve` kept up for the whole module, loading adapters from the tests' temporary folders."""
-    with ServeProcess(tmp_path_factory.mktemp("serve"), adapter_roots=[str(tmp_path_factory.getbasetemp())]) as s:
-        yield s
-
-
-def rollouts_of(lab, name: str, step: str) -> Rollouts[LMRollout]:
-    key = lab.latest(name, "rollouts", step)["artifact_key"]
-    return lab.store().get_model("rollouts", key, Rollouts[LMRollout])
-
-
-def test_the_server_speaks_vllms_api_and_samples_as_the_engine(server):
-    cards = server.client.models()
+def test_the_server_speaks_vllms_api_and_samples_as_the_engine(tiny_serve):
+    cards = tiny_serve.client.models()
     assert cards[0]["id"] == TINY and cards[0]["root"] == TINY and cards[0]["parent"] is None and cards[0]["object"] == "model"
     prompt = [3, 9, 11, 4]
-    status, raw = post(server, "/completions", {
+    status, raw = post(tiny_serve, "/completions", {
         "model": TINY, "prompt": prompt, "max_tokens": 5, "temperature": 0.7, "top_p": 1.0, "seed": 1234,
         "logprobs": 0, "return_tokens_as_token_ids": True,
     })  # fmt: skip
@@ -84,47 +59,47 @@ def test_the_server_speaks_vllms_api_and_samples_as_the_engine(server):
     model, tok = load_base(TINY)
     sampling = SamplingSettings(temperature=0.7, top_p=1.0, max_new_tokens=5)
     ours = generate(model.eval(), [prompt], [1234], sampling, tok.eos_token_id, tok.pad_token_id)[0]
-    via = server.client.complete(TINY, prompt, server_sampling(0.7, 5), seed=1234, vocab=68)
+    via = tiny_serve.client.complete(TINY, prompt, server_sampling(0.7, 5), seed=1234, vocab=68)
     assert via.token_ids == ours.completion_ids == [int(t.split(":")[1]) for t in lp["tokens"]]
     with torch.inference_mode():
         expected = completion_logprobs(model, prompt, ours.completion_ids, 0.7).tolist()
     assert via.logprobs == pytest.approx(expected, abs=1e-6) and via.finish_reason == ours.finish_reason
-    other = server.client.complete(TINY, prompt, server_sampling(0.7, 5), seed=99, vocab=68)
+    other = tiny_serve.client.complete(TINY, prompt, server_sampling(0.7, 5), seed=99, vocab=68)
     assert other.token_ids != via.token_ids  # the seed decides
 
     # logprobs k: the sampled token's and the top k of the same distribution, the sampled one first, as vLLM
-    top = server.client.complete(TINY, prompt, server_sampling(0.7, 5), seed=1234, logprobs=3, vocab=68)
+    top = tiny_serve.client.complete(TINY, prompt, server_sampling(0.7, 5), seed=1234, logprobs=3, vocab=68)
     assert top.token_ids == via.token_ids and top.logprobs == pytest.approx(via.logprobs, abs=1e-6)
-    for t, lp, d in zip(top.token_ids, top.logprobs, top.top_logprobs):
+    for t, lp, d in zip(top.token_ids, top.logprobs, top.top_logprobs, strict=True):
         ids = list(d)
         rest = [d[i] for i in ids[1:]]
         assert ids[0] == t and d[t] == pytest.approx(lp) and rest == sorted(rest, reverse=True)
         assert len(d) == 4 or (len(d) == 3 and lp >= rest[-1])  # listed once when it is among the top 3
     # no logprobs asked: null, as vLLM answers
-    status, plain = post(server, "/completions", {"model": TINY, "prompt": prompt, "max_tokens": 2, "seed": 1})
+    status, plain = post(tiny_serve, "/completions", {"model": TINY, "prompt": prompt, "max_tokens": 2, "seed": 1})
     assert status == 200 and plain["choices"][0]["logprobs"] is None
     # a sampling field the server does not implement: a 400 naming it, never silence; its neutral value is accepted
     for field, value in (("top_k", 20), ("repetition_penalty", 1.05), ("min_tokens", 2), ("stop", ["."]), ("min_p", 0.1)):
-        status, body = post(server, "/completions", {"model": TINY, "prompt": prompt, field: value})
+        status, body = post(tiny_serve, "/completions", {"model": TINY, "prompt": prompt, field: value})
         assert status == 400 and body["error"]["param"] == field and field in body["error"]["message"], (field, body)
-    assert post(server, "/completions", {"model": TINY, "prompt": prompt, "top_k": 0, "repetition_penalty": 1.0, "stop": []})[0] == 200
-    status, body = post(server, "/completions", {"model": TINY, "prompt": prompt, "stop_token_ids": [5]})  # eos 1 and 5
+    assert post(tiny_serve, "/completions", {"model": TINY, "prompt": prompt, "top_k": 0, "repetition_penalty": 1.0, "stop": []})[0] == 200
+    status, body = post(tiny_serve, "/completions", {"model": TINY, "prompt": prompt, "stop_token_ids": [5]})  # eos 1 and 5
     assert status == 400 and body["error"]["param"] == "stop_token_ids"
 
     # errors have vLLM's shape: {"error": {message, type, param, code}} with the HTTP status
-    status, body = post(server, "/completions", {"model": "nope", "prompt": prompt})
+    status, body = post(tiny_serve, "/completions", {"model": "nope", "prompt": prompt})
     assert status == 404 and body["error"]["type"] == "NotFoundError" and body["error"]["param"] == "model" and body["error"]["code"] == 404
-    assert post(server, "/unload_lora_adapter", {"lora_name": "nope"})[0] == 404
-    assert post(server, "/load_lora_adapter", {"lora_name": "x", "lora_path": "/no/such/folder"})[0] == 403  # outside --adapter-root
-    assert post(server, "/load_lora_adapter", {"lora_name": "x", "lora_path": f"{server.log_path.parent}/no-such-folder"})[0] == 404
-    assert post(server, "/completions", {"model": TINY, "prompt": prompt, "stream": True})[0] == 400
+    assert post(tiny_serve, "/unload_lora_adapter", {"lora_name": "nope"})[0] == 404
+    assert post(tiny_serve, "/load_lora_adapter", {"lora_name": "x", "lora_path": "/no/such/folder"})[0] == 403  # outside --adapter-root
+    assert post(tiny_serve, "/load_lora_adapter", {"lora_name": "x", "lora_path": f"{tiny_serve.log_path.parent}/no-such-folder"})[0] == 404
+    assert post(tiny_serve, "/completions", {"model": TINY, "prompt": prompt, "stream": True})[0] == 400
 
 
 def _exp(**overrides) -> LMExperiment:
     return LMExperiment.model_validate(served(**overrides))
 
 
-def test_the_backend_returns_the_hf_engines_rollouts_and_fails_trial_by_trial(server, tmp_path):
+def test_the_backend_returns_the_hf_engines_rollouts_and_fails_trial_by_trial(tiny_serve, tmp_path):
     from dagster_rl.tasks.lm.backends import HFRollouts
 
     exp = _exp(sampling={"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 3})
@@ -132,22 +107,22 @@ def test_the_backend_returns_the_hf_engines_rollouts_and_fails_trial_by_trial(se
     behavior = LMLoop().initial_weights(exp, store)
     prompts = load_prompt_set(exp.task.source)
     requests = plan_requests(prompts_for_step(prompts.train, exp.seed, 0, 4), exp.seed, 0, 4)
-    backend = ServerRollouts(Endpoint(server.base_url), Limits(max_retries=0, timeout_s=30, max_concurrency=4))
+    backend = ServerRollouts(Endpoint(tiny_serve.base_url), Limits(max_retries=0, timeout_s=30, max_concurrency=4))
     via = backend.generate(exp, requests, behavior, prompts.template)
     ref = HFRollouts().generate(exp, requests, behavior, prompts.template)
     assert [r.trial_id for r in via] == [r.trial_id for r in requests]
-    for a, b in zip(via, ref):
+    for a, b in zip(via, ref, strict=True):
         assert isinstance(a, LMRollout) and isinstance(b, LMRollout)
         assert a.model_dump(exclude={"sampling_logprobs"}) == b.model_dump(exclude={"sampling_logprobs"})
         # the server batches the requests its own way: log-probs agree to float rounding
         assert a.sampling_logprobs == pytest.approx(b.sampling_logprobs, abs=1e-5)
     assert any(len(r.completion_token_ids) > 1 for r in via)
     # the behavior weights are served as <exp>-v<version>, read from their artifact folder
-    cards = {c["id"]: c for c in server.client.models()}
+    cards = {c["id"]: c for c in tiny_serve.client.models()}
     assert cards["tiny_grpo-v0"]["root"] == f"{tmp_path}/artifacts/weights/{behavior.ref.key}"
 
     # a trial slower than the environment's time limit fails on its own, as a TrialFailed per trial
-    slow = ServerRollouts(Endpoint(server.base_url), Limits(max_retries=1, timeout_s=0.001, max_concurrency=4))
+    slow = ServerRollouts(Endpoint(tiny_serve.base_url), Limits(max_retries=1, timeout_s=0.001, max_concurrency=4))
     failed = slow.generate(exp, requests[:3], behavior, prompts.template)
     assert [type(f) for f in failed] == [TrialFailed] * 3
     assert all("did not answer within 0.001 s" in f.error or "longer than" in f.error for f in failed), failed
@@ -155,7 +130,7 @@ def test_the_backend_returns_the_hf_engines_rollouts_and_fails_trial_by_trial(se
 
 def test_tiny_grpo_through_a_managed_server_matches_the_hf_engine_token_for_token(lab, tmp_path):
     steps = ("0000", "0001")
-    hf = lab("hf", tiny(policy={"base_model": TINY, "lora": SERVED_LORA}))
+    hf = lab("hf", tiny_grpo(policy={"base_model": TINY, "lora": SERVED_LORA}))
     assert hf.run("tiny_grpo", *steps).success
     port = free_port()
     managed = RolloutEnvironment(base_url=f"http://127.0.0.1:{port}/v1", server_command=serve_command(port), max_concurrency=8)
@@ -170,10 +145,10 @@ def test_tiny_grpo_through_a_managed_server_matches_the_hf_engine_token_for_toke
     # and Adam turns rounding-sized gradient differences into lr-sized moves), so the served step is
     # compared with the hf engine sampling with the served run's own behavior weights.
     for step in ("0000", "0001"):
-        ours = rollouts_of(via, "tiny_grpo", step)
-        theirs = rollouts_of(hf, "tiny_grpo", step).trajectories if step == "0000" else hf_rollouts_of(via, ours)
+        ours = via.rollouts("tiny_grpo", step)
+        theirs = hf.rollouts("tiny_grpo", step).trajectories if step == "0000" else hf_rollouts_of(via, ours)
         assert len(ours.trajectories) == len(theirs) == 64 and not ours.skipped
-        for a, b in zip(ours.trajectories, theirs):
+        for a, b in zip(ours.trajectories, theirs, strict=True):
             assert (a.trial_id, a.prompt_token_ids, a.completion_token_ids, a.behavior_version) == (
                 b.trial_id, b.prompt_token_ids, b.completion_token_ids, b.behavior_version,
             )  # fmt: skip
@@ -195,8 +170,10 @@ def hf_rollouts_of(lab, rollouts: Rollouts[LMRollout]) -> list[LMRollout]:
     return sorted(HFRollouts().generate(exp, requests, behavior, prompts.template), key=lambda r: r.trial_id)
 
 
-def test_a_crash_mid_range_resumes_with_the_behavior_version_on_the_server_that_stayed_up(lab, server):
-    env = lambda: RolloutEnvironment(base_url=server.base_url, max_concurrency=8)  # noqa: E731
+def test_a_crash_mid_range_resumes_with_the_behavior_version_on_the_server_that_stayed_up(lab, tiny_serve):
+    def env():
+        return RolloutEnvironment(base_url=tiny_serve.base_url, max_concurrency=8)
+
     steps = ("0000", "0001", "0002")
     before = counters.read("trials_executed")
     # prompts of three lengths and completions of up to 4 tokens: batches of other shapes round otherwise
@@ -207,18 +184,18 @@ def test_a_crash_mid_range_resumes_with_the_behavior_version_on_the_server_that_
     assert all(clean.latest("tiny_grpo", "weights", s)["n_trials"] == 64 for s in steps)
 
     crashy = lab("crashy", served(faults={"crash_driver_at_step": 0}, **mixed), rollout=env())
-    log_before_crash = len(server.log())
+    log_before_crash = len(tiny_serve.log())
     assert not crashy.run("tiny_grpo", steps[0], steps[-1], raise_on_error=False).success
     assert sorted(crashy.metadata("tiny_grpo", "weights")) == ["0000"]
-    log_before_resume = len(server.log())
+    log_before_resume = len(tiny_serve.log())
     assert crashy.run("tiny_grpo", "0001", "0002").success  # resume, on the server that stayed up
 
     # every adapter the crashed and the resumed run loaded is the behavior policy's own version, from
     # this run's store; the resumed run never went back to v0. (Step 0001's rollouts may have been
     # generated by the crashed run, which generates a step ahead, and are then a cache hit.)
     pattern = r"Loaded new LoRA adapter: name '([^']+)', path '([^']+)'"
-    loads = re.findall(pattern, server.log()[log_before_crash:])
-    resumed = re.findall(pattern, server.log()[log_before_resume:])
+    loads = re.findall(pattern, tiny_serve.log()[log_before_crash:])
+    resumed = re.findall(pattern, tiny_serve.log()[log_before_resume:])
     weights_dir = f"{crashy.home}/artifacts/weights/"
     key = {s: crashy.latest("tiny_grpo", "weights", s)["artifact_key"] for s in steps}
     assert ("tiny_grpo-v1", weights_dir + key["0000"]) in loads
@@ -228,7 +205,7 @@ def test_a_crash_mid_range_resumes_with_the_behavior_version_on_the_server_that_
     assert all(path.startswith(weights_dir) for _, path in loads)
     assert [crashy.latest("tiny_grpo", "rollouts", s)["behavior_policy"]["version"] for s in ("0001", "0002")] == [1, 2]
     assert [crashy.latest("tiny_grpo", "weights", s)["weights_version"] for s in ("0001", "0002")] == [2, 3]
-    served_now = {c["id"]: c["root"] for c in server.client.models() if c["parent"]}
+    served_now = {c["id"]: c["root"] for c in tiny_serve.client.models() if c["parent"]}
     assert served_now == {"tiny_grpo-v2": weights_dir + key["0001"]}  # older versions unloaded
     # The server batches whatever requests arrive together (the clean run's flaky trials were retried
     # one by one), so log-probs agree with the clean run's to float rounding, not bit for bit. At lag 0
@@ -236,9 +213,9 @@ def test_a_crash_mid_range_resumes_with_the_behavior_version_on_the_server_that_
     # every step samples the same tokens and trains the same adapter and optimizer state, byte for byte.
     noisy = 0
     for step in steps:
-        ours, theirs = rollouts_of(crashy, "tiny_grpo", step).trajectories, rollouts_of(clean, "tiny_grpo", step).trajectories
+        ours, theirs = crashy.rollouts("tiny_grpo", step).trajectories, clean.rollouts("tiny_grpo", step).trajectories
         assert [t.completion_token_ids for t in ours] == [t.completion_token_ids for t in theirs], step
-        pairs = [(x, y) for a, b in zip(ours, theirs) for x, y in zip(a.sampling_logprobs, b.sampling_logprobs)]
+        pairs = [(x, y) for a, b in zip(ours, theirs, strict=True) for x, y in zip(a.sampling_logprobs, b.sampling_logprobs, strict=True)]
         assert max(abs(x - y) for x, y in pairs) <= 1e-5, step
         noisy += sum(x != y for x, y in pairs)
         mine, clean_files = (lab_.store().get_all("weights", lab_.latest("tiny_grpo", "weights", step)["artifact_key"]) for lab_ in (crashy, clean))
@@ -249,8 +226,8 @@ def test_a_crash_mid_range_resumes_with_the_behavior_version_on_the_server_that_
     print(f"{noisy} sampled log-probs differ between the runs (the server's batch shapes)")
 
 
-def test_a_server_of_another_base_model_is_refused_with_what_to_do(server, tmp_path):
+def test_a_server_of_another_base_model_is_refused_with_what_to_do(tiny_serve, tmp_path):
     exp = _exp(policy={"base_model": "/models/Qwen2.5-0.5B-Instruct"})
-    backend = ServerRollouts(Endpoint(server.base_url))
+    backend = ServerRollouts(Endpoint(tiny_serve.base_url))
     with pytest.raises(Exception, match="serves builtin:tiny-qwen2 .*not /models/Qwen2.5-0.5B-Instruct.*vllm serve"):
-        backend._check_base(exp, server.client.models())
+        backend._check_base(exp, tiny_serve.client.models())

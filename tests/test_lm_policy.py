@@ -5,10 +5,18 @@ import torch
 from safetensors.torch import load as load_safetensors
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dagster_rl.tasks.lm.model.policy import ADAPTER, OPTIMIZER, checkpoint_bytes, load_checkpoint, make_optimizer, read_state, save_checkpoint
+from dagster_rl.tasks.lm.model.policy import (
+    ADAPTER,
+    OPTIMIZER,
+    checkpoint_bytes,
+    load_checkpoint,
+    make_optimizer,
+    read_state,
+    save_checkpoint,
+)
 from dagster_rl.tasks.lm.model.tiny import tiny_model
 from dagster_rl.tasks.lm.train.trainer import build_samples, train_step
-from tests.lm_fixtures import GRPO, fresh_policy, step_batch, tiny_dir  # noqa: F401
+from tests.lm_fixtures import GRPO, fresh_policy, step_batch
 
 
 def test_tiny_model_is_a_normal_hf_folder(tiny_dir):
@@ -71,8 +79,8 @@ def test_checkpoint_resumes_bit_identically(tiny_dir, tmp_path):
 
 def _experiment(tiny_dir):
     from dagster_rl.tasks.lm.experiment import LMExperiment
-    from tests.conftest import shipped_settings
     from tests.lm_fixtures import policy_settings
+    from tests.settings import shipped_settings
 
     raw = shipped_settings("tiny_grpo", policy=policy_settings(tiny_dir).model_dump(mode="json"), sampling={"max_new_tokens": 3})
     return LMExperiment.model_validate(raw)
@@ -106,9 +114,9 @@ def test_in_process_trainer_keeps_the_base_loaded_and_trains_the_bytes_of_a_cold
 
 def _weights(files: dict[str, bytes]):
     """Stored weights as a rollout backend receives them (the HF backend reads only the payload)."""
-    from dagster_rl.tasks.lm.model.policy import checkpoint_hash, read_state
-    from dagster_rl.store.artifact_store import ArtifactRef
     from dagster_rl.core.task import Weights
+    from dagster_rl.store.artifact_store import ArtifactRef
+    from dagster_rl.tasks.lm.model.policy import checkpoint_hash, read_state
 
     ref = ArtifactRef(kind="weights", key="0" * 64, content_hash=checkpoint_hash(files), uri="memory://")
     return Weights("test", ref, files, read_state(files)["version"])
@@ -133,7 +141,7 @@ def test_generation_recycles_loaded_policies_into_the_bytes_of_fresh_ones(tiny_d
     cached = HFRollouts()  # keeps 2 policies: v2 reloads into v0's, then v0 into v1's
     outcomes = [cached.generate(exp, requests, behaviors[v], prompts.template) for v in (0, 1, 2, 0, 2)]
     assert len(loads) == 2
-    for v, got in zip((0, 1, 2, 0, 2), outcomes):
+    for v, got in zip((0, 1, 2, 0, 2), outcomes, strict=True):
         assert got == HFRollouts().generate(exp, requests, behaviors[v], prompts.template), v
         assert {r.behavior_version for r in got} == {v}
     assert outcomes[0] != outcomes[1] != outcomes[2]

@@ -4,8 +4,19 @@ import json
 
 import pytest
 
+from dagster_rl.tasks.lm.data.prompts import (
+    GSM8KPrompts,
+    PromptError,
+    SyntheticPrompts,
+    extract_answer,
+    extract_reference,
+    has_answer_mark,
+    load_gsm8k_jsonl,
+    load_prompt_set,
+    prompts_for_step,
+    synthetic_items,
+)
 from dagster_rl.tasks.lm.rewards import LMRubric, score_text
-from dagster_rl.tasks.lm.data.prompts import GSM8KPrompts, SyntheticPrompts, PromptError, extract_answer, extract_reference, has_answer_mark, load_gsm8k_jsonl, load_prompt_set, prompts_for_step, synthetic_items
 
 
 def test_answer_extraction():

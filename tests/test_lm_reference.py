@@ -5,11 +5,22 @@ import torch
 from safetensors.torch import load_file
 
 from dagster_rl.tasks.lm.model.policy import checkpoint_bytes, make_optimizer, save_checkpoint
-from dagster_rl.tasks.lm.train.reference import adapter_reference, base_reference
 from dagster_rl.tasks.lm.settings import GRPOLMSettings
-from dagster_rl.tasks.lm.train.trainer import TrainMetrics, build_samples, train_step
 from dagster_rl.tasks.lm.train.entrypoint import GRADS, METRICS, TrainBatch, TrainJob, launch_torchrun, write_job
-from tests.lm_fixtures import EPS32, GRPO, ON_POLICY_ROUNDING, assert_within_summation_bound, fresh_policy, gradient_terms, policy_settings, positions, run, step_batch, tiny_dir  # noqa: F401
+from dagster_rl.tasks.lm.train.reference import adapter_reference, base_reference
+from dagster_rl.tasks.lm.train.trainer import TrainMetrics, build_samples, train_step
+from tests.lm_fixtures import (
+    EPS32,
+    GRPO,
+    ON_POLICY_ROUNDING,
+    assert_within_summation_bound,
+    fresh_policy,
+    gradient_terms,
+    policy_settings,
+    positions,
+    run,
+    step_batch,
+)
 
 KL_GRPO = GRPOLMSettings(**{**GRPO.model_dump(), "kl_beta": 0.5})
 IDS = torch.tensor([[5, 6, 7, 8, 9]])
@@ -48,7 +59,7 @@ def test_switching_to_the_reference_adapter_and_back_leaves_the_trained_one_as_i
     assert not torch.equal(as_reference, own)
     assert torch.equal(logits(policy), own)  # switched back
     assert [n for n, _ in policy.trainable()] == [n for n, _ in trainable]
-    assert all(torch.equal(p, saved) for (_, p), (_, saved) in zip(policy.trainable(), trainable))
+    assert all(torch.equal(p, saved) for (_, p), (_, saved) in zip(policy.trainable(), trainable, strict=True))
     with base_reference(policy)():
         assert torch.equal(logits(policy), own)  # a fresh adapter is the base
 

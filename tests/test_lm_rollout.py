@@ -3,14 +3,14 @@
 import pytest
 import torch
 
+from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step
 from dagster_rl.tasks.lm.model.logprobs import completion_logprobs, token_logprobs
 from dagster_rl.tasks.lm.model.policy import make_optimizer
 from dagster_rl.tasks.lm.records import plan_requests
 from dagster_rl.tasks.lm.rollout.hf import generate_rollouts
 from dagster_rl.tasks.lm.rollout.sampling import choose_token, choose_tokens, generate, uniforms
-from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step
 from dagster_rl.tasks.lm.train.trainer import build_samples, train_step
-from tests.lm_fixtures import GRPO, SAMPLING, fresh_policy, step_batch, tiny_dir  # noqa: F401
+from tests.lm_fixtures import GRPO, SAMPLING, fresh_policy, step_batch
 
 # float32 log-probs of the same tokens from two computations (a KV-cache decode in one batch, another
 # batch, or the trainer's packed forward) differ by rounding alone: measured <= 1e-6 on this CPU
@@ -34,7 +34,7 @@ def test_retried_rollout_is_token_identical_in_any_batch(tiny_dir):
         assert r.sampling_logprobs == pytest.approx(f.sampling_logprobs, abs=LOGP_ATOL)
         assert r.model_dump(exclude={"sampling_logprobs"}) == f.model_dump(exclude={"sampling_logprobs"})
     # log-probs of another batch layout differ in their last bits, not more (no promise of bit equality)
-    print("max |logp retried - first|:", max(abs(a - b) for r, f in same for a, b in zip(r.sampling_logprobs, f.sampling_logprobs)))
+    print("max |logp retried - first|:", max(abs(a - b) for r, f in same for a, b in zip(r.sampling_logprobs, f.sampling_logprobs, strict=True)))
     # the same requests in the same batches: the same bytes
     assert generate_rollouts(policy, requests, SAMPLING, ps.template) == sorted(first.values(), key=lambda r: r.trial_id)
     # different seeds do sample differently
@@ -50,7 +50,7 @@ def test_sampler_records_the_log_prob_of_each_token_it_draws(tiny_dir):
     sampling = SAMPLING.model_copy(update={"temperature": 0.7, "top_p": 0.8, "max_new_tokens": 6})
     prompts = [tok("copy 3 : the answer is")["input_ids"], tok("what is 1 + 2 ?")["input_ids"], tok("last 4 5")["input_ids"]]
     gens = generate(policy.model.eval(), prompts, [1, 2, 3], sampling, tok.eos_token_id, tok.pad_token_id)
-    for p, g in zip(prompts, gens):
+    for p, g in zip(prompts, gens, strict=True):
         assert len(g.logprobs) == len(g.completion_ids) >= 1 and all(lp <= 0.0 for lp in g.logprobs)
         with torch.no_grad():
             logits = policy.model(input_ids=torch.tensor([p + g.completion_ids])).logits[0, len(p) - 1 : -1]

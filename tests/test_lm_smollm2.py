@@ -14,7 +14,7 @@ from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.tasks.lm.model import packaged
 from dagster_rl.tasks.lm.model.policy import load_base
 from tests.lm_fixtures import subprocess_env
-from tests.smollm2 import SMOLLM2, require_smollm2, smollm2_dir  # noqa: F401
+from tests.smollm2 import SMOLLM2, require_smollm2
 
 PROMPT = [{"role": "user", "content": "What is 17 + 25? Answer with the number only."}]
 
@@ -91,7 +91,7 @@ def test_a_missing_package_names_the_command_that_installs_it(monkeypatch, tmp_p
 
 
 def test_the_deployment_and_the_docs_name_the_folder_provisioning_writes(smollm2_dir):
-    from tests.conftest import REPO
+    from tests import REPO
 
     assert smollm2_dir.name in (REPO / "deploy" / "k8s" / "vllm.yaml").read_text()
     assert smollm2_dir.name in (REPO / "docs" / "vllm.md").read_text()

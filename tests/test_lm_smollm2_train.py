@@ -6,29 +6,21 @@ import subprocess
 
 from dagster import DagsterInstance
 
-from tests.conftest import shipped_settings
-from tests.smollm2 import require_smollm2
-from tests.test_processes import BIN, REPO, home_with
+from tests import REPO
+from tests.cli_runs import BIN, home_with
 from tests.harness import open_lab
+from tests.lm_fixtures import FLOAT32_TOLERANCE
+from tests.settings import shipped_settings
+from tests.smollm2 import SMOLLM2_EXPERIMENT, TINY_BATCH, require_smollm2
 
-NAME = "smollm2_arithmetic"
-FLOAT32_TOLERANCE = 1e-3
 STEPS = ("0000", "0001", "0002")
-TINY_BATCH = {
-    "n_steps": 3,
-    "prompts_per_step": 2,
-    "n_samples": 2,
-    "min_trials_per_step": 4,
-    "task": {"source": {"kind": "gsm8k", "path": "builtin:addition-1-20", "n_eval": 4}, "eval_max_new_tokens": 16},
-    "sampling": {"max_new_tokens": 16},
-}
 
 
 def test_three_steps_of_the_shipped_experiment_through_dagster_rl_train(tmp_path):
     require_smollm2()
-    home, env = home_with(tmp_path, shipped_settings(NAME, **TINY_BATCH))
+    home, env = home_with(tmp_path, shipped_settings(SMOLLM2_EXPERIMENT, **TINY_BATCH))
     done = subprocess.run(
-        [str(BIN / "dagster-rl"), "train", NAME, f"{STEPS[0]}...{STEPS[-1]}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1200
+        [str(BIN / "dagster-rl"), "train", SMOLLM2_EXPERIMENT, f"{STEPS[0]}...{STEPS[-1]}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1200
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     with DagsterInstance.from_config(str(home)) as instance:
@@ -36,8 +28,8 @@ def test_three_steps_of_the_shipped_experiment_through_dagster_rl_train(tmp_path
     assert run.tags["dagster_rl/range"] == f"{STEPS[0]}...{STEPS[-1]}"
     lab = open_lab(home, home / "experiments")
     try:
-        weights = [lab.latest(NAME, "weights", s) for s in STEPS]
-        evaluations = [lab.latest(NAME, "evaluation", s) for s in STEPS]
+        weights = [lab.latest(SMOLLM2_EXPERIMENT, "weights", s) for s in STEPS]
+        evaluations = [lab.latest(SMOLLM2_EXPERIMENT, "evaluation", s) for s in STEPS]
     finally:
         lab.close()
     assert [w["weights_version"] for w in weights] == [1, 2, 3]
@@ -47,5 +39,5 @@ def test_three_steps_of_the_shipped_experiment_through_dagster_rl_train(tmp_path
     # on_policy check's float32 bound (30 layers of hidden 576 round more than the tiny models: up to 1.6e-4
     # measured over 15 steps of 48 samples)
     assert all(w["logp_max_dev"] <= FLOAT32_TOLERANCE for w in weights), [w["logp_max_dev"] for w in weights]
-    assert all(e["n_prompts"] == 4 and e["weights_version"] == v for e, v in zip(evaluations, (1, 2, 3)))
+    assert all(e["n_prompts"] == 4 and e["weights_version"] == v for e, v in zip(evaluations, (1, 2, 3), strict=True))
     assert len({e["base_accuracy"] for e in evaluations}) == 1  # the base, evaluated once, the same for every step

@@ -4,12 +4,12 @@ per-sample computation to float rounding."""
 import pytest
 import torch
 
-from dagster_rl.tasks.lm.train.grpo_loss import grpo_batch_loss, grpo_sample_loss
-from dagster_rl.tasks.lm.model.logprobs import completion_logprobs, pack, packed_logprobs
+from dagster_rl.tasks.lm.model.logprobs import completion_logprobs, pack
 from dagster_rl.tasks.lm.model.policy import checkpoint_bytes, make_optimizer
 from dagster_rl.tasks.lm.settings import GRPOLMSettings
+from dagster_rl.tasks.lm.train.grpo_loss import grpo_batch_loss, grpo_sample_loss
 from dagster_rl.tasks.lm.train.trainer import TrainSample, build_samples, micro_batches, train_step
-from tests.lm_fixtures import GRPO, assert_within_summation_bound, fresh_policy, gradient_terms, positions, step_batch, tiny_dir  # noqa: F401
+from tests.lm_fixtures import GRPO, assert_within_summation_bound, fresh_policy, gradient_terms, positions, step_batch
 
 STALE = GRPOLMSettings(**{**GRPO.model_dump(), "kl_beta": 0.5, "clip_eps": 0.05})
 

@@ -5,10 +5,10 @@ CPU without it."""
 import pytest
 
 from dagster_rl.core.errors import DagsterRLError
-from dagster_rl.tasks.lm.model import cpu_bf16
 from dagster_rl.tasks.lm.experiment import LMExperiment
+from dagster_rl.tasks.lm.model import cpu_bf16
 from dagster_rl.tasks.lm.rollout.vllm_serving import vllm_command_for, vllm_lora_rank
-from tests.conftest import shipped_settings
+from tests.settings import shipped_settings
 
 
 def gsm8k_on_vllm(**overrides) -> LMExperiment:

@@ -7,11 +7,10 @@ from dagster import AssetKey, BackfillPolicy
 
 from dagster_rl.core import counters
 from dagster_rl.core.errors import ExperimentError
-from tests.conftest import demo_settings, shipped_settings
-from tests.harness import failure_message
-from tests.lm_fixtures import ON_POLICY_ROUNDING, tiny_dir  # noqa: F401
+from tests.harness import LM_CHAIN, failure_message
+from tests.lm_fixtures import ON_POLICY_ROUNDING
+from tests.settings import demo_settings, shipped_settings
 
-CHAIN = ("rollouts", "rewards", "weights", "evaluation")
 SMALL_WARMUP = {"demos": 16, "steps": 10, "batch_size": 8, "learning_rate": 0.005}
 
 
@@ -65,7 +64,7 @@ def test_a_range_materializes_the_warmup_first_and_step_0_starts_from_it(lab):
 def test_a_chain_only_run_from_step_0_computes_and_records_the_warmup(lab):
     made = lab("chain_only", small("warm"))
     job = made.defs.resolve_job_def("warm_train")
-    chain_only = job.get_subset(asset_selection={AssetKey(["warm", a]) for a in CHAIN})
+    chain_only = job.get_subset(asset_selection={AssetKey(["warm", a]) for a in LM_CHAIN})
     result = chain_only.execute_in_process(
         instance=made.instance,
         tags={"dagster/asset_partition_range_start": "0000", "dagster/asset_partition_range_end": "0000"},
@@ -99,7 +98,7 @@ def test_the_kl_reference_is_the_base_or_the_warmup(lab):
 
 def test_kl_reference_sft_needs_a_warmup(tmp_path):
     from dagster_rl.core.experiment_files import load_experiments
-    from tests.conftest import write_experiments
+    from tests.settings import write_experiments
 
     raw = shipped_settings("tiny_grpo", grpo={"kl_reference": "sft"})
     raw.pop("warmup")

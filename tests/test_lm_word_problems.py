@@ -6,9 +6,17 @@ import re
 import pytest
 from transformers import AutoTokenizer
 
-from dagster_rl.tasks.lm.data.prompts import GSM8KPrompts, PromptItem, encode_prompt, extract_answer, load_gsm8k_jsonl, load_prompt_set, render
-from dagster_rl.tasks.lm.model.tiny import IM_END, IM_START, resolve_model
+from dagster_rl.tasks.lm.data.prompts import (
+    GSM8KPrompts,
+    PromptItem,
+    encode_prompt,
+    extract_answer,
+    load_gsm8k_jsonl,
+    load_prompt_set,
+    render,
+)
 from dagster_rl.tasks.lm.data.word_problems import resolve_dataset, vocabulary, word_problems, write_jsonl
+from dagster_rl.tasks.lm.model.tiny import IM_END, IM_START, resolve_model
 
 
 def test_problems_are_gsm8k_format_multi_step_and_a_pure_function_of_the_seed(tmp_path):

@@ -9,18 +9,19 @@ import pytest
 from pydantic import ValidationError
 
 from dagster_rl.core.checks import on_policy
+from dagster_rl.core.task import Backends
+from dagster_rl.judges.rubric_judge import RubricJudge
+from dagster_rl.store.artifact_store import ArtifactStore
 from dagster_rl.tasks.lm.backends import HFRollouts, LMTrainer
 from dagster_rl.tasks.lm.experiment import LMExperiment
 from dagster_rl.tasks.lm.loop import LMLoop
-from dagster_rl.judges.rubric_judge import RubricJudge
 from dagster_rl.tasks.lm.rewards import score
-from dagster_rl.store.artifact_store import ArtifactStore
-from dagster_rl.core.task import Backends
-from tests.conftest import shipped_settings
+from tests.settings import tiny_grpo
 
 
-def tiny(**overrides) -> LMExperiment:
-    raw = shipped_settings("tiny_grpo", n_steps=4, prompts_per_step=4, n_samples=4, min_trials_per_step=8, **overrides)
+def small_experiment(**overrides) -> LMExperiment:
+    """tiny_grpo without its warm-up: 4 steps of 4 prompts x 4 samples."""
+    raw = tiny_grpo(n_steps=4, prompts_per_step=4, n_samples=4, min_trials_per_step=8, **overrides)
     raw.pop("warmup")
     return LMExperiment.model_validate(raw)
 
@@ -42,18 +43,18 @@ def test_the_check_bounds_the_largest_and_the_mean_difference_and_reports_a_lagg
 
 
 def test_the_tolerance_is_the_dtypes_unless_the_experiment_sets_it():
-    assert tiny().on_policy_tolerance == (1e-3, 1e-3)
-    assert tiny(policy={"base_model": "builtin:tiny-qwen2", "dtype": "bfloat16"}).on_policy_tolerance == (1.0, 0.02)
-    assert tiny(checks={"on_policy_tolerance": 0.01}).on_policy_tolerance == (0.01, 1e-3)
+    assert small_experiment().on_policy_tolerance == (1e-3, 1e-3)
+    assert small_experiment(policy={"base_model": "builtin:tiny-qwen2", "dtype": "bfloat16"}).on_policy_tolerance == (1.0, 0.02)
+    assert small_experiment(checks={"on_policy_tolerance": 0.01}).on_policy_tolerance == (0.01, 1e-3)
 
 
 def test_an_openai_server_experiment_that_targets_lm_head_or_cuts_top_p_fails_at_load_naming_the_field():
     with pytest.raises(ValidationError, match=r"policy.lora.target_modules names \['lm_head'\]: rollout backend openai_server"):
-        tiny(rollout={"backend": "openai_server"})  # tiny_grpo's adapter targets lm_head
+        small_experiment(rollout={"backend": "openai_server"})  # tiny_grpo's adapter targets lm_head
     lora = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"], "init_seed": 7}
     with pytest.raises(ValidationError, match=r"sampling.top_p is 0.9: rollout backend openai_server needs top_p 1"):
-        tiny(rollout={"backend": "openai_server"}, policy={"base_model": "builtin:tiny-qwen2", "lora": lora}, sampling={"top_p": 0.9})
-    assert tiny(sampling={"top_p": 0.9}).sampling.top_p == 0.9  # the hf engine records the log-probs before top-p
+        small_experiment(rollout={"backend": "openai_server"}, policy={"base_model": "builtin:tiny-qwen2", "lora": lora}, sampling={"top_p": 0.9})
+    assert small_experiment(sampling={"top_p": 0.9}).sampling.top_p == 0.9  # the hf engine records the log-probs before top-p
 
 
 @dataclass
@@ -80,7 +81,7 @@ def run(exp, store, rollout, steps):
 
 
 def test_pipelined_steps_check_the_step_whose_behavior_is_the_trained_policy_and_report_the_others(tmp_path):
-    exp = tiny(max_policy_lag=1)
+    exp = small_experiment(max_policy_lag=1)
     results = run(exp, ArtifactStore(f"file://{tmp_path}/artifacts"), HFRollouts(), [0, 1, 2])
     checks = {k: next(c for c in r.checks if c.name == "on_policy") for k, r in results.items()}
     assert all(c.passed for c in checks.values())
@@ -93,7 +94,7 @@ def test_pipelined_steps_check_the_step_whose_behavior_is_the_trained_policy_and
 
 @pytest.mark.parametrize("lag", [0, 1])
 def test_a_step_off_policy_fails_its_check_and_its_rollouts_are_moved_aside_with_the_next_steps(tmp_path, lag):
-    exp = tiny(max_policy_lag=lag)
+    exp = small_experiment(max_policy_lag=lag)
     store = ArtifactStore(f"file://{tmp_path}/artifacts")
     results = run(exp, store, Skewed(by=0.01), [0, 1])
     assert list(results) == [0]  # stopped there

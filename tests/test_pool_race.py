@@ -8,7 +8,7 @@ import traceback
 from dagster import DagsterInstance
 
 from assets.concurrency import ensure_limit, experiment_pool
-from tests.conftest import new_dagster_home
+from tests.harness import new_dagster_home
 
 PROCESSES, TRIALS = 4, 20
 

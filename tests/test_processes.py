@@ -11,45 +11,21 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
 
 from assets.concurrency import experiment_pool, process_gone, this_process
-from resources import JudgeEnvironment
 from resources.run_launcher import process_alive, step_worker_pids
-from tests.conftest import REPO, demo_settings, new_dagster_home, write_experiments
-from tests.openai_stub import OpenAIStub
+from tests import REPO
+from tests.cli_runs import BIN, CONSOLE, home_with, materialize, train_until, weights_steps
+from tests.openai_stub import OpenAIStub, judge_on
 from tests.servers import wait_until
+from tests.settings import demo_settings
 
-BIN = Path(sys.executable).parent
-QUIET = {"PYTHONWARNINGS": "ignore::FutureWarning,ignore:Parameter `include_sources`"}
-CONSOLE = '{"loggers": {"console": {"config": {"log_level": "INFO"}}}}'
 STEP_LINE = re.compile(r"^\d\d:\d\d:\d\d step (\d{4})  24/24 trials  mean reward \d\.\d{3}  cache ([a-z, ]+)  \d+\.\d\d s$")
-
-
-def home_with(tmp_path: Path, *raws: dict) -> tuple[Path, dict[str, str]]:
-    home = new_dagster_home(tmp_path / "home")
-    write_experiments(home / "experiments", *raws)
-    DagsterInstance.from_config(str(home)).dispose()  # the schema, before two processes open it at once
-    env = {**os.environ, **QUIET, "DAGSTER_HOME": str(home), "DAGSTER_RL_EXPERIMENTS": str(home / "experiments")}
-    return home, env
-
-
-def materialize(env: dict[str, str], exp: str, first: str, last: str) -> subprocess.Popen:
-    argv = [str(BIN / "dagster"), "asset", "materialize", "-m", "assets.definitions", "--select", f"group:{exp}"]
-    argv += ["--partition-range", f"{first}...{last}", "--config-json", CONSOLE]
-    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def weights_steps(home: Path, exp: str) -> list[tuple[str, str]]:
-    """(partition, run id) of every materialization of `<exp>/weights`, oldest first."""
-    with DagsterInstance.from_config(str(home)) as instance:
-        records = instance.fetch_materializations(AssetKey([exp, "weights"]), limit=1000, ascending=True).records
-        return [(r.asset_materialization.partition, r.run_id) for r in records]
 
 
 def test_make_demo_prints_a_line_per_step_and_the_table(tmp_path):
@@ -251,9 +227,7 @@ def test_a_long_step_reports_its_progress_in_the_run_log(lab, monkeypatch):
     assert assets.driver.PROGRESS_EVERY_S <= 30
     monkeypatch.setattr(assets.driver, "PROGRESS_EVERY_S", 0.5)
     with OpenAIStub(delay_s=0.25) as stub:
-        judge = lambda store: JudgeEnvironment(  # noqa: E731
-            artifact_store=store, backend="openai", base_url=stub.base_url, model="slow-judge", max_concurrency=1
-        )
+        judge = judge_on(stub, model="slow-judge", max_concurrency=1)
         slow = lab("progress", demo_settings(n_steps=2, prompts_per_step=4, n_samples=4, min_trials_per_step=8), judge=judge)
         result = slow.run("demo", "0000", "0000")
     assert result.success
@@ -265,25 +239,6 @@ def test_a_long_step_reports_its_progress_in_the_run_log(lab, monkeypatch):
     # every trial generated, judgements still out (the slow judge): the step says judging, not generating
     waiting = [line for line in lines if "16/16 trials generated" in line and ", 16/16 judged" not in line]
     assert waiting and all("; judging, " in line for line in waiting), lines
-
-
-def train_until(env: dict[str, str], cwd: Path, argv: list[str], ready: str, sig: int, group: bool) -> tuple[int, list[str]]:
-    """`dagster-rl train <argv>` in a session of its own (as a terminal's foreground job); once its
-    output has a line holding `ready`, `sig` to its process group (a terminal's Ctrl-C reaches every
-    process of the group) or to it alone (`kill`). (exit status, lines of output)."""
-    proc = subprocess.Popen(
-        [str(BIN / "dagster-rl"), "train", *argv], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    lines = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line.rstrip("\n"))
-        if ready in line:
-            (os.killpg if group else os.kill)(proc.pid, sig)
-            break
-    lines += proc.stdout.read().splitlines()
-    return proc.wait(60), lines
 
 
 def assert_ended_cleanly(code: int, lines: list[str]) -> None:
@@ -313,8 +268,9 @@ def test_an_interruption_inside_the_instances_connection_close_prints_no_traceba
     interruption was raised while the SQLite pool closed a connection. Other pool errors still print."""
     import logging
 
-    import assets.definitions  # noqa: F401 - loading the code location quiets them
     from dagster._core.errors import DagsterExecutionInterruptedError
+
+    import assets.definitions  # noqa: F401 - loading the code location quiets them
 
     pool = logging.getLogger("sqlalchemy.pool.impl.NullPool")
     for error in (DagsterExecutionInterruptedError(), KeyboardInterrupt(), OSError("disk I/O error")):

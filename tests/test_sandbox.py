@@ -2,15 +2,15 @@
 
 from concurrent.futures import ThreadPoolExecutor
 
-from dagster_rl.tasks.secret_search.records import TrialSpec
-from dagster_rl.tasks.secret_search.agent import run_agent
-from dagster_rl.tasks.secret_search.judge import judge, verify
-from dagster_rl.tasks.secret_search.world import DIGEST_PREFIX, build_world, secret_digest, secret_doc
-from dagster_rl.tasks.secret_search.experiment import Rubric
-from dagster_rl.tasks.secret_search.loop import ensure_worlds
-from dagster_rl.store.artifact_store import ArtifactStore
-from tests.conftest import demo_settings
 from dagster_rl.core.experiment_files import parse_experiment
+from dagster_rl.store.artifact_store import ArtifactStore
+from dagster_rl.tasks.secret_search.agent import run_agent
+from dagster_rl.tasks.secret_search.experiment import Rubric
+from dagster_rl.tasks.secret_search.judge import judge, verify
+from dagster_rl.tasks.secret_search.loop import ensure_worlds
+from dagster_rl.tasks.secret_search.records import TrialSpec
+from dagster_rl.tasks.secret_search.world import DIGEST_PREFIX, build_world, secret_digest, secret_doc
+from tests.settings import demo_settings
 
 
 def test_world_holds_the_digest_in_exactly_one_document_and_never_the_secret():
@@ -45,7 +45,10 @@ def test_sandbox_writes_never_reach_the_world_or_another_trial(tmp_path):
 def test_same_seed_same_trajectory_and_the_judge_scores_by_rubric(tmp_path):
     spec = TrialSpec(trial_id="s0-p0-n0", step=0, prompt=0, sample=0, world_id="w0", seed=42)
     world = build_world("w0", 8)
-    run = lambda: run_agent(spec, [1 / 8] * 8, world, max_turns=8, scratch_rate=0.0, behavior_version=0, sandbox_root=tmp_path)
+
+    def run():
+        return run_agent(spec, [1 / 8] * 8, world, max_turns=8, scratch_rate=0.0, behavior_version=0, sandbox_root=tmp_path)
+
     a, b = run(), run()
     assert a == b and verify(a)
     r = judge(a, Rubric(correctness=1.0, efficiency=0.5, tidiness=0.2), max_turns=8)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dagster_rl.inference.vllm_client import ServerSampling, VLLMClient
 from dagster_rl.tasks.lm.model.policy import ADAPTER, ADAPTER_CONFIG, checkpoint_bytes, load_policy, save_checkpoint
 from dagster_rl.tasks.lm.serve.app import App
 from dagster_rl.tasks.lm.serve.batcher import BatchCancelled, Batcher
@@ -29,7 +30,6 @@ from dagster_rl.tasks.lm.serve.engine import Engine
 from dagster_rl.tasks.lm.serve.errors import APIError
 from dagster_rl.tasks.lm.serve.protocol import CompletionRequest, CompletionResult, parse_completion_request
 from dagster_rl.tasks.lm.settings import LoRASettings, PolicySettings
-from dagster_rl.inference.vllm_client import ServerSampling, VLLMClient
 from tests.serve_process import ServeProcess, post
 
 TINY = "builtin:tiny-qwen2"
@@ -448,7 +448,7 @@ def test_hundreds_of_concurrent_connections_each_get_their_own_completion(server
     client.close()
     assert statuses == [400] * 32
     by_request: dict[tuple, list] = {}
-    for r, a in zip(requests, answers):
+    for r, a in zip(requests, answers, strict=True):
         by_request.setdefault(r, []).append(a)
     assert len(by_request) == 256
     for r, (a, b) in by_request.items():

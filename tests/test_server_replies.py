@@ -18,14 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from dagster_rl.tasks.lm.records import LMRollout
 from dagster_rl.core.records import Rollouts
 from dagster_rl.inference.vllm_client import ServerReplyError, ServerSampling, parse_completion
+from dagster_rl.tasks.lm.records import LMRollout
 from resources import RolloutEnvironment
 from tests.bad_rollout_server import CorruptingProxy, logprobs_of
 from tests.harness import failure_message
-from tests.serve_process import ServeProcess
-from tests.test_lm_openai_server import served
+from tests.settings import served
 
 VOCAB = 68  # builtin:tiny-qwen2's
 EOS = 1
@@ -118,18 +117,8 @@ def small(**overrides) -> dict:
     return served(prompts_per_step=4, n_samples=4, min_trials_per_step=8, sampling={"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 3}, **overrides)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with ServeProcess(tmp_path_factory.mktemp("serve"), adapter_roots=[str(tmp_path_factory.getbasetemp())]) as s:
-        yield s
-
-
 def env(base_url: str, **kw) -> RolloutEnvironment:
     return RolloutEnvironment(base_url=base_url, max_concurrency=8, **kw)
-
-
-def rollouts_of(lab, step: str, kind: str = "rollouts") -> Rollouts[LMRollout]:
-    return lab.store().get_model(kind, lab.latest("tiny_grpo", "rollouts", step)["artifact_key"], Rollouts[LMRollout])
 
 
 def huge_id(body, ans):
@@ -159,8 +148,8 @@ def extra_tokens_positive_logprob(body, ans):
         (extra_tokens_positive_logprob, "breaks the rule '1 <= tokens <= max_tokens'"),
     ],
 )
-def test_a_server_that_answers_wrongly_fails_the_step_naming_the_rule_and_nothing_is_cached(lab, server, corrupt, rule):
-    with CorruptingProxy(server.base_url, corrupt) as bad:
+def test_a_server_that_answers_wrongly_fails_the_step_naming_the_rule_and_nothing_is_cached(lab, tiny_serve, corrupt, rule):
+    with CorruptingProxy(tiny_serve.base_url, corrupt) as bad:
         run = lab("bad", small(), rollout=env(bad.base_url, max_retries=1))
         result = run.run("tiny_grpo", "0000", "0000", raise_on_error=False)
         seen = dict(bad.seen)
@@ -175,20 +164,20 @@ def test_a_server_that_answers_wrongly_fails_the_step_naming_the_rule_and_nothin
     assert [(r.trajectories, len(r.skipped)) for r in kept] == [([], 16)]  # the one partial: no trajectory of a bad reply
 
     # the same store against a correct server: nothing bad was kept, the step is computed as a clean run computes it
-    fixed = run.reopen(rollout=env(server.base_url))
+    fixed = run.reopen(rollout=env(tiny_serve.base_url))
     assert fixed.run("tiny_grpo", "0000", "0000").success
-    clean = lab("clean", small(), rollout=env(server.base_url))
+    clean = lab("clean", small(), rollout=env(tiny_serve.base_url))
     assert clean.run("tiny_grpo", "0000", "0000").success
-    ours, theirs = rollouts_of(fixed, "0000"), rollouts_of(clean, "0000")
+    ours, theirs = fixed.rollouts("tiny_grpo", "0000"), clean.rollouts("tiny_grpo", "0000")
     assert len(ours.trajectories) == 16 and not ours.skipped
     assert [t.completion_token_ids for t in ours.trajectories] == [t.completion_token_ids for t in theirs.trajectories]
-    for a, b in zip(ours.trajectories, theirs.trajectories):
+    for a, b in zip(ours.trajectories, theirs.trajectories, strict=True):
         assert a.sampling_logprobs == pytest.approx(b.sampling_logprobs, abs=1e-5)  # the server batches its own way
         assert 1 <= len(a.completion_token_ids) <= 3 and all(0 <= t < VOCAB for t in a.completion_token_ids)
     assert fixed.latest("tiny_grpo", "weights", "0000")["n_trials"] == 16
 
 
-def test_bad_replies_of_some_trials_are_retried_then_skipped_and_never_stored(lab, server):
+def test_bad_replies_of_some_trials_are_retried_then_skipped_and_never_stored(lab, tiny_serve):
     """Trials whose seed is 0 mod 3 always get the issue's silent corruption (extra tokens, a log-prob
     of +3): they are skipped, the step goes on without them. Those 1 mod 3 get it on their first
     attempt only: the retry is correct, and they are stored as a correct server answered them."""
@@ -201,7 +190,7 @@ def test_bad_replies_of_some_trials_are_retried_then_skipped_and_never_stored(la
         return None
 
     seen_before: dict[int, int] = {}
-    with CorruptingProxy(server.base_url, some) as bad:
+    with CorruptingProxy(tiny_serve.base_url, some) as bad:
         run = lab("some", small(), rollout=env(bad.base_url, max_retries=2))
         assert run.run("tiny_grpo", "0000", "0000").success
         seen, corrupted = dict(bad.seen), dict(bad.corrupted)
@@ -209,7 +198,7 @@ def test_bad_replies_of_some_trials_are_retried_then_skipped_and_never_stored(la
     once = {s for s in seen if s % 3 == 1}
     assert always and once
     assert all(seen[s] == 3 for s in always) and all(seen[s] == 2 for s in once)  # retried: 3 attempts, or 2
-    stored = rollouts_of(run, "0000")
+    stored = run.rollouts("tiny_grpo", "0000")
     assert {t.seed % 2**63 for t in stored.trajectories}.isdisjoint(always)
     assert len(stored.skipped) == len(always) and len(stored.trajectories) == 16 - len(always)
     for t in stored.trajectories:  # nothing of a bad reply: every completion as a correct server sends it
@@ -219,10 +208,10 @@ def test_bad_replies_of_some_trials_are_retried_then_skipped_and_never_stored(la
     assert sum(corrupted.values()) == 3 * len(always) + len(once)
 
     # a re-run against a correct server attempts only the skipped trials; the step is then complete
-    fixed = run.reopen(rollout=env(server.base_url))
+    fixed = run.reopen(rollout=env(tiny_serve.base_url))
     assert fixed.run("tiny_grpo", "0000", "0000").success
     assert fixed.latest("tiny_grpo", "weights", "0000")["n_trials"] == 16
-    assert not rollouts_of(fixed, "0000").skipped
+    assert not fixed.rollouts("tiny_grpo", "0000").skipped
 
 
 # ---- the adapter folder the server is told to load ---------------------------------------------
@@ -233,12 +222,12 @@ def test_the_adapter_folder_holds_the_bytes_the_run_read_or_is_refused_or_rewrit
     following links and must hold the bytes the run read through the store. Under adapter_dir the
     copy is checked the same way, and rewritten when it differs or is a link (the link's target is
     never touched); a link in place of adapter_dir's experiment folder is refused."""
+    from dagster_rl.core.task import Endpoint
+    from dagster_rl.store.artifact_store import ArtifactStore
     from dagster_rl.tasks.lm.experiment import LMExperiment
     from dagster_rl.tasks.lm.loop import LMLoop
     from dagster_rl.tasks.lm.model.policy import ADAPTER, ADAPTER_CONFIG
     from dagster_rl.tasks.lm.rollout.openai_client import RolloutServerError, ServerRollouts
-    from dagster_rl.store.artifact_store import ArtifactStore
-    from dagster_rl.core.task import Endpoint
 
     exp = LMExperiment.model_validate(small())
     store = ArtifactStore(f"file://{tmp_path}/artifacts")

@@ -13,11 +13,10 @@ import pytest
 import yaml
 
 from assets.concurrency import experiment_pool
-from tests.postgres import postgres_server  # noqa: F401  (fixture)
+from tests import REPO
+from tests.harness import CHAIN
 from tests.servers import FILES_LOCATION, LOCATION, DagsterServers, executable, running_servers, wait_until
 
-REPO = Path(__file__).resolve().parent.parent
-CHAIN = ("rollouts", "rewards", "weights")
 N_STEPS = 10
 STEPS = [f"{i:04d}" for i in range(N_STEPS)]
 
@@ -200,7 +199,7 @@ def test_an_invalid_experiment_file_is_a_code_location_problem_and_the_others_wo
     assert gql.partition_statuses(["ops_ui", "weights"]) is not None  # the valid experiments are served
 
 
-def test_ui_backfill_of_ten_steps_is_one_ordered_run_postgres(postgres_server, experiments_dir, tmp_path):  # noqa: F811
+def test_ui_backfill_of_ten_steps_is_one_ordered_run_postgres(postgres_server, experiments_dir, tmp_path):
     with running_servers(tmp_path / "home", experiments_dir, storage="postgres", pg_env=postgres_server.env) as servers:
         with servers.instance() as instance:
             assert type(instance.run_storage).__name__ == "PostgresRunStorage"

@@ -20,15 +20,12 @@ from pathlib import Path
 import pytest
 
 from dagster_rl.store.artifact_store import DATA, ArtifactStore
-from resources import JudgeEnvironment
 from resources.run_launcher import process_alive, run_worker_pid, step_worker_pids
-from tests.conftest import demo_settings, new_dagster_home, write_experiments
-from tests.harness import open_lab
-from tests.openai_stub import OpenAIStub
+from tests.harness import CHAIN, new_dagster_home, open_lab
+from tests.openai_stub import STUB_MODEL, OpenAIStub, judge_on
 from tests.servers import LOCATION, DagsterServers, running_servers, wait_until
+from tests.settings import demo_settings, write_experiments
 
-CHAIN = ("rollouts", "rewards", "weights")
-MODEL = "stub-judge-1"
 TRIALS = 16  # 4 prompts x 4 samples
 LAUNCHER = "resources.run_launcher.LocalProcessRunLauncher"
 TERMINAL = ("SUCCESS", "FAILURE", "CANCELED")
@@ -63,7 +60,7 @@ def stub():
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory, stub):
     folder = write_experiments(tmp_path_factory.mktemp("experiments"), *EXPERIMENTS.values())
-    env = {"DAGSTER_RL_JUDGE_URL": stub.base_url, "DAGSTER_RL_JUDGE_MODEL": MODEL}
+    env = {"DAGSTER_RL_JUDGE_URL": stub.base_url, "DAGSTER_RL_JUDGE_MODEL": STUB_MODEL}
     with running_servers(tmp_path_factory.mktemp("home"), folder, extra_env=env, run_launcher=LAUNCHER) as running:
         yield running
 
@@ -73,8 +70,7 @@ def reference(tmp_path_factory, stub):
     """Uninterrupted in-process runs of the crash and kill experiments, without faults, own artifact store."""
     home = new_dagster_home(tmp_path_factory.mktemp("reference") / "home")
     clean = [{**EXPERIMENTS[name], "faults": {}} for name in ("crash", "kill_worker", "kill_step")]
-    judge = lambda store: JudgeEnvironment(artifact_store=store, backend="openai", base_url=stub.base_url, model=MODEL)  # noqa: E731
-    lab = open_lab(home, write_experiments(home / "experiments", *clean), judge=judge)
+    lab = open_lab(home, write_experiments(home / "experiments", *clean), judge=judge_on(stub))
     for raw in clean:
         lab.run(raw["name"], "0000", steps(raw["n_steps"])[-1])
     yield lab

@@ -8,12 +8,12 @@ import json
 
 import pytest
 import yaml
-
 from dagster import AssetKey
-from tests.conftest import shipped_settings
-from tests.servers import running_servers
 
-CHAIN = ("rollouts", "rewards", "weights", "evaluation")
+from tests.harness import LM_CHAIN
+from tests.servers import running_servers
+from tests.settings import shipped_settings
+
 STEPS = [f"{i:04d}" for i in range(4)]
 
 
@@ -54,14 +54,14 @@ def test_cli_materialize_of_the_group_then_job_launch_include_the_warmup(servers
     sfts = records(servers, exp, "sft")
     assert len(sfts) == 2 and sfts[1].run_id == run["runId"]
     assert sfts[1].asset_materialization.metadata["cache"].value == "hit"  # the launch re-checks it: a cache hit
-    for asset in CHAIN:
+    for asset in LM_CHAIN:
         assert servers.graphql.materialized_partitions([exp, asset]) == STEPS
 
 
 def test_ui_backfill_of_the_group_runs_the_warmup_then_the_range(servers):
     exp = "wu_ui"
     gql = servers.graphql
-    keys = [[exp, "sft"], *([exp, asset] for asset in CHAIN)]
+    keys = [[exp, "sft"], *([exp, asset] for asset in LM_CHAIN)]
     backfill_id = gql.launch_partition_backfill(keys, partition_names=STEPS, title=f"{exp} with warm-up")
     backfill = gql.wait_for_backfill(backfill_id, timeout_s=240)
     assert backfill["status"] == "COMPLETED_SUCCESS", servers.log("daemon")[-3000:]
@@ -73,7 +73,7 @@ def test_ui_backfill_of_the_group_runs_the_warmup_then_the_range(servers):
     assert warmup_run["endTime"] <= range_run["startTime"]
     [sft] = records(servers, exp, "sft")
     assert sft.run_id == warmup_run["runId"]
-    for asset in CHAIN:
+    for asset in LM_CHAIN:
         assert gql.materialized_partitions([exp, asset]) == STEPS
     first = records(servers, exp, "rollouts")[0].asset_materialization.metadata["behavior_policy"].value
     assert first["partition"] == "sft" and first["content_hash"] == sft.asset_materialization.metadata["content_hash"].value

@@ -3,12 +3,17 @@ hostile keys refused, first writer wins."""
 
 from concurrent.futures import ThreadPoolExecutor
 
-import fsspec
 import numpy as np
 import pytest
-from fsspec.implementations.local import LocalFileSystem
 
-from dagster_rl.core.errors import ArtifactConflictError, CorruptArtifactError, DagsterRLError, InvalidArtifactKeyError, MissingArtifactError, StoreWriteError
+from dagster_rl.core.errors import (
+    ArtifactConflictError,
+    CorruptArtifactError,
+    DagsterRLError,
+    InvalidArtifactKeyError,
+    MissingArtifactError,
+    StoreWriteError,
+)
 from dagster_rl.core.hashing import cache_key, canonical_json
 from dagster_rl.store.artifact_store import ADOPTING_KINDS, ArtifactStore, check_key
 
@@ -159,7 +164,7 @@ def test_of_two_concurrent_writers_of_one_key_exactly_one_wins_whole(tmp_path):
         key = cache_key("race", "1", i=i)
         payloads = [{"data.json": bytes([w]) * 100_000, "b.bin": bytes([w]) * 1000} for w in range(4)]
         with ThreadPoolExecutor(4) as pool:
-            refs = list(pool.map(lambda files: store.put("weights", key, files), payloads))
+            refs = list(pool.map(lambda files, key=key: store.put("weights", key, files), payloads))
         assert len({r.content_hash for r in refs}) == 1 and store.verify("weights", key) is None
         stored = store.get_all("weights", key)
         assert stored in payloads
@@ -173,26 +178,6 @@ def test_a_partial_artifact_is_kept_apart_from_the_clean_key(tmp_path):
     assert not store.exists("rollouts", K) and store.partial("rollouts", K) == ref.key != K
     later = store.put_partial("rollouts", K, {"data.json": b"23 of 24"}, ["s0-p2-n0"])
     assert store.partial("rollouts", K) == later.key and store.exists("rollouts", ref.key)  # the older one stays
-
-
-class ReadOnlyFileSystem(LocalFileSystem):
-    """A local folder that refuses every write, as a read-only mount or bucket policy would
-    (the tests run as root, for whom file modes do not stop a write)."""
-
-    protocol = "readonly"
-
-    def _refuse(self, *args, **kwargs):
-        raise PermissionError(30, "Read-only file system")
-
-    def _open(self, path, mode="rb", **kwargs):
-        if any(c in mode for c in "wax+"):
-            self._refuse()
-        return super()._open(path, mode, **kwargs)
-
-    makedirs = mkdir = mv = rm = rm_file = touch = _refuse
-
-
-fsspec.register_implementation("readonly", ReadOnlyFileSystem, clobber=True)
 
 
 def test_a_read_only_store_serves_what_it_holds_and_says_why_it_cannot_write(tmp_path):

@@ -7,8 +7,8 @@ import pytest
 
 from dagster_rl.core.advantages import group_normalized_advantages
 from dagster_rl.tasks.secret_search.experiment import GRPOSettings
-from dagster_rl.tasks.secret_search.records import Reward, TabularWeights
 from dagster_rl.tasks.secret_search.prior import apply_logit_step, order_log_prob_grad, sample_order
+from dagster_rl.tasks.secret_search.records import Reward, TabularWeights
 from dagster_rl.tasks.secret_search.update import update
 
 

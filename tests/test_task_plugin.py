@@ -16,8 +16,8 @@ from dagster_rl.core.hashing import cache_key, canonical_json, seed_of
 from dagster_rl.core.records import STATS, Record, Rewards, Rollouts, TrainedFrom
 from dagster_rl.core.retries import Limits
 from dagster_rl.core.steps import Judged, mean, rewards_key, step_rewards, trained_from, trial_set, weights_key
-from dagster_rl.store.artifact_store import DATA, ArtifactStore
 from dagster_rl.core.task import Backends, StepResult, Task, Weights, register
+from dagster_rl.store.artifact_store import DATA, ArtifactStore
 from tests.harness import CHAIN
 
 
@@ -76,10 +76,10 @@ class Reinforce:  # the trainer backend: REINFORCE with GRPO advantages on the a
         advantages = group_normalized_advantages([r.prompt for r in rewards], [r.reward for r in rewards])
         probs, arms = softmax(weights.logits), {p.trial_id: p.arm for p in pulls}
         grad = [0.0] * len(probs)
-        for r, a in zip(rewards, advantages):
+        for r, a in zip(rewards, advantages, strict=True):
             for i, p in enumerate(probs):
                 grad[i] += a * ((i == arms[r.trial_id]) - p) / len(rewards)
-        return ArmLogits(version=weights.version + 1, logits=[x + exp.learning_rate * g for x, g in zip(weights.logits, grad)])
+        return ArmLogits(version=weights.version + 1, logits=[x + exp.learning_rate * g for x, g in zip(weights.logits, grad, strict=True)])
 
 
 class BanditLoop:
@@ -101,8 +101,8 @@ class BanditLoop:
                 cache_key("rollouts", "bandit-1", task=exp.task, seed=exp.seed, step=step, behavior=weights.ref.content_hash),
                 Rollouts[Pull],
                 [t for t, _, _ in trials],
-                lambda pending: [backends.rollout.pull(t, p, s, weights.payload) for t, p, s in trials if t in pending],
-                lambda pulls, failed: Rollouts[Pull](
+                lambda pending, trials=trials, weights=weights: [backends.rollout.pull(t, p, s, weights.payload) for t, p, s in trials if t in pending],
+                lambda pulls, failed, step=step, weights=weights, trials=trials: Rollouts[Pull](
                     step=step, behavior_policy=weights.lineage(), n_trials_planned=len(trials), trajectories=pulls, skipped=failed
                 ),
                 warn,
@@ -113,7 +113,7 @@ class BanditLoop:
             rewards, rewards_ref, rewards_hit = scored.value, scored.ref, scored.hit
             key = weights_key("bandit-1", exp, weights.ref, rewards_ref, lr=exp.learning_rate)
             files, weights_ref, weights_hit = store.get_or_put_files(  # the logits, and what trained them (step, experiment)
-                "weights", key, lambda: {
+                "weights", key, lambda step=step, weights=weights, rollouts=rollouts, rewards=rewards, rewards_ref=rewards_ref: {
                     DATA: canonical_json(backends.trainer.train(exp, weights.payload, rollouts.trajectories, rewards.rewards)),
                     STATS: canonical_json(TrainedFrom(**trained_from(exp, step, weights, rewards_ref))),
                 },

@@ -6,9 +6,9 @@ The reference run (`session_run`, tests/conftest.py) is steps 0000..0002 of tiny
 with 2 torchrun ranks in one session."""
 
 import ast
-import re
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,21 +19,22 @@ from pathlib import Path
 import pytest
 
 from dagster_rl.core import counters
-from dagster_rl.runtime.lifetime import children, identity
-from dagster_rl.tasks.lm.train.session import ENDED, JOBS, STOP, SessionSpec, create_folder
 from dagster_rl.core.experiment_files import parse_experiment
+from dagster_rl.core.retries import AttemptsExhausted, Limits
+from dagster_rl.runtime.lifetime import children, identity
+from dagster_rl.runtime.workers import ProcessWorkers, WorkersGone
 from dagster_rl.tasks.lm.backends import LMTrainer, subprocess_launch
 from dagster_rl.tasks.lm.model.policy import checkpoint_bytes, load_policy
 from dagster_rl.tasks.lm.train.entrypoint import serve
-from dagster_rl.core.retries import AttemptsExhausted, Limits
-from dagster_rl.runtime.workers import ProcessWorkers, WorkersGone
+from dagster_rl.tasks.lm.train.session import ENDED, JOBS, STOP, SessionSpec, create_folder
 from resources import PipesTorchrunLauncher, TrainerEnvironment
 from resources.run_launcher import process_alive, step_worker_pids
-from tests.conftest import REPO, SESSION_STEPS, session_settings
+from tests import REPO
+from tests.cli_runs import home_with, materialize, weights_steps
 from tests.harness import failure_message
 from tests.lm_fixtures import step_batch
 from tests.servers import wait_until
-from tests.test_processes import home_with, materialize, weights_steps
+from tests.settings import SESSION_STEPS, session_settings
 
 REPORTED = "trainer rank 0 reported: "
 
@@ -56,7 +57,7 @@ def test_one_session_trains_the_range_from_memory(session_run):
     assert [m["step"] for m in said] == [0, 1, 2]
     assert [m["timings"]["from_memory"] for m in said] == [0.0, 1.0, 1.0]
     assert [m["metrics"]["version"] for m in said] == [1, 2, 3] and all(m["metrics"]["world_size"] == 2 for m in said)
-    for m, step in zip(said, SESSION_STEPS):
+    for m, step in zip(said, SESSION_STEPS, strict=True):
         assert m["metrics"]["loss"] == pytest.approx(session_run.latest("tiny_grpo", "weights", step)["loss"], abs=1e-12)
 
 
@@ -308,7 +309,7 @@ def test_the_session_folder_of_a_killed_driver_is_removed_by_the_next_driver_on_
 def test_ctrl_c_of_a_range_with_a_trainer_session_ends_with_one_line_and_leaves_no_folder(tmp_path):
     """Issue 24: a trainer session printed Dagster's PreviewWarning when it started, and on Ctrl-C
     Pipes' "did not receive closed message" besides the interruption's error."""
-    from tests.test_processes import train_until
+    from tests.cli_runs import train_until
 
     settings = session_settings(name="slow", n_steps=12, prompts_per_step=4, n_samples=4, min_trials_per_step=8, faults={"step_delay_s": 1.0})
     home, env = home_with(tmp_path, settings)

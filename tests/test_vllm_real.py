@@ -17,39 +17,37 @@ Each test prints the numbers it measured (`pytest -s`)."""
 import json
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 
+from dagster_rl.core.retries import Limits
+from dagster_rl.core.task import RolloutEnv, task_of
 from dagster_rl.inference.http_json import JSONEndpoint
+from dagster_rl.inference.server_process import ServerStartError, vllm_cpu_command
+from dagster_rl.inference.vllm_client import NEUTRAL_SAMPLING, VLLM_VERSION, ServerSampling, VLLMClient, completion_body
+from dagster_rl.store.artifact_store import ArtifactStore
+from dagster_rl.tasks.lm.data.prompts import load_prompt_set, prompts_for_step
 from dagster_rl.tasks.lm.experiment import LMExperiment
 from dagster_rl.tasks.lm.loop import LMLoop
 from dagster_rl.tasks.lm.model.policy import ADAPTER, load_policy, save_checkpoint
-from dagster_rl.tasks.lm.data.prompts import load_prompt_set, prompts_for_step
-from dagster_rl.tasks.lm.records import LMRollout, plan_requests
-from dagster_rl.tasks.lm.rollout.openai_client import RolloutServerError
-from dagster_rl.core.retries import Limits
-from dagster_rl.store.artifact_store import ArtifactStore
-from dagster_rl.core.task import RolloutEnv, task_of
-from dagster_rl.tasks.lm.settings import LoRASettings, PolicySettings
 from dagster_rl.tasks.lm.model.tiny import save_tiny_model
-from dagster_rl.core.records import Rollouts
-from dagster_rl.inference.server_process import ServerStartError, vllm_cpu_command
-from dagster_rl.inference.vllm_client import NEUTRAL_SAMPLING, VLLM_VERSION, ServerSampling, VLLMClient, completion_body
+from dagster_rl.tasks.lm.records import plan_requests
+from dagster_rl.tasks.lm.rollout.openai_client import RolloutServerError
+from dagster_rl.tasks.lm.settings import LoRASettings, PolicySettings
 from resources import RolloutEnvironment
-from tests.conftest import REPO, shipped_settings
+from tests import REPO
 from tests.harness import failure_message
+from tests.lm_fixtures import FLOAT32_TOLERANCE
+from tests.machine import free_port
 from tests.serve_process import ServeProcess
-from tests.servers import free_port
-from tests.vllm_server import VLLM_PYTHON, require_vllm, vllm, vllm_model  # noqa: F401 - the session fixture
+from tests.settings import shipped_settings
+from tests.vllm_server import LOADED, VLLM_PYTHON, require_vllm, vllm_model
 
 NAME = "vllm_grpo"
 STEPS = ("0000", "0001", "0002", "0003")
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # vLLM adapts no lm_head
-FLOAT32_TOLERANCE = 1e-3
-LOADED = re.compile(r"Loaded new LoRA adapter: name '([^']+)', path '([^']+)'")
 REMOVED = re.compile(r"Removed LoRA adapter: name '([^']+)'")
 
 
@@ -67,10 +65,6 @@ def experiment(model: str, name: str = NAME, **overrides) -> dict:
     for key, value in overrides.items():
         raw[key] = {**raw[key], **value} if isinstance(value, dict) and isinstance(raw.get(key), dict) else value
     return raw
-
-
-def rollouts_of(lab, name: str, step: str) -> Rollouts[LMRollout]:
-    return lab.store().get_model("rollouts", lab.latest(name, "rollouts", step)["artifact_key"], Rollouts[LMRollout])
 
 
 def on_policy_evaluations(lab, name: str) -> dict[str, object]:
@@ -186,7 +180,7 @@ def test_a_completion_stops_where_the_sampler_stops_not_at_the_generation_config
     went_on = sum(0 in i[:-1] for i in ids)
     stopped_at_0 = sum(c["finish_reason"] == "stop" and c["stop_reason"] == 0 for c in defaults)
     print(f"\n16 completions of up to 48 tokens: {went_on} went on past token 0 as requested; left to vLLM, {stopped_at_0} stopped at it")
-    assert all(c["finish_reason"] == ("stop" if i[-1] == 1 else "length") for c, i in zip(ours, ids))
+    assert all(c["finish_reason"] == ("stop" if i[-1] == 1 else "length") for c, i in zip(ours, ids, strict=True))
     assert all(c["stop_reason"] == (1 if c["finish_reason"] == "stop" else None) for c in ours)
     assert went_on >= 1 and stopped_at_0 >= 1
 
@@ -209,8 +203,8 @@ def test_seeded_prompts_beyond_the_batched_token_budget_are_served(vllm):
 @pytest.fixture(scope="module")
 def clean(vllm, tmp_path_factory):
     """An uninterrupted range of 4 steps on the shared server, and the server's log of it."""
-    from tests.conftest import new_dagster_home, write_experiments
-    from tests.harness import open_lab
+    from tests.harness import new_dagster_home, open_lab
+    from tests.settings import write_experiments
 
     home = new_dagster_home(tmp_path_factory.mktemp("vllm-clean") / "home")
     lab = open_lab(home, write_experiments(home / "experiments", experiment(vllm.model)), rollout=vllm.shared())
@@ -225,17 +219,17 @@ def clean(vllm, tmp_path_factory):
 def test_a_range_on_vllm_is_on_policy_at_every_step_and_serves_each_version_as_its_own_adapter(vllm, clean):
     checks = on_policy_evaluations(clean, NAME)
     devs = [clean.latest(NAME, "weights", s)["logp_max_dev"] for s in STEPS]
-    print(f"\non-policy max |logp_trainer - logp_vllm| per step, temperature 1: {['%.2e' % d for d in devs]}")
-    for step, dev in zip(STEPS, devs):
+    print(f"\non-policy max |logp_trainer - logp_vllm| per step, temperature 1: {[f'{d:.2e}' for d in devs]}")
+    for step, dev in zip(STEPS, devs, strict=True):
         assert checks[step].passed and checks[step].metadata["logp_max_dev"].value == dev, (step, checks[step].description)
         assert 0.0 <= dev <= FLOAT32_TOLERANCE and clean.latest(NAME, "weights", step)["ratio_max_dev"] <= FLOAT32_TOLERANCE
     # completions end at the tokenizer's eos (1) or at max_new_tokens, never at the folder's other eos id (0)
-    trajectories = [t for s in STEPS for t in rollouts_of(clean, NAME, s).trajectories]
+    trajectories = [t for s in STEPS for t in clean.rollouts(NAME, s).trajectories]
     assert len(trajectories) == 4 * 16 and all(t.finish_reason == ("stop" if t.completion_token_ids[-1] == 1 else "length") for t in trajectories)
 
     # each version as <exp>-v<version>, from its weights' artifact folder; older ones unloaded
     weights_dir = f"{clean.home}/artifacts/weights/"
-    behavior = [rollouts_of(clean, NAME, s).behavior_policy for s in STEPS]
+    behavior = [clean.rollouts(NAME, s).behavior_policy for s in STEPS]
     assert [b["version"] for b in behavior] == [0, 1, 2, 3]
     assert [clean.latest(NAME, "weights", s)["weights_version"] for s in STEPS] == [1, 2, 3, 4]
     assert LOADED.findall(clean.server_log) == [(f"{NAME}-v{b['version']}", weights_dir + b["key"]) for b in behavior]
@@ -255,7 +249,7 @@ def test_a_crash_mid_range_resumes_on_the_same_server_with_the_next_versions(vll
 
     weights_dir = f"{crashy.home}/artifacts/weights/"
     key = {s: crashy.latest(NAME, "weights", s)["artifact_key"] for s in STEPS}
-    assert [rollouts_of(crashy, NAME, s).behavior_policy["version"] for s in STEPS] == [0, 1, 2, 3]
+    assert [crashy.rollouts(NAME, s).behavior_policy["version"] for s in STEPS] == [0, 1, 2, 3]
     assert [crashy.latest(NAME, "weights", s)["weights_version"] for s in STEPS] == [1, 2, 3, 4]
     assert all(path.startswith(weights_dir) for _, path in LOADED.findall(log))  # never the clean run's adapters
     # the resumed run loads no version below the behavior policy's: step 0002's rollouts were made by
@@ -268,8 +262,8 @@ def test_a_crash_mid_range_resumes_on_the_same_server_with_the_next_versions(vll
     # weights in both runs); vLLM batches the requests as they arrive, so log-probs, hence updates,
     # agree to float rounding only, which Adam turns into moves of up to the learning rate where a
     # gradient is rounding-sized: later steps agree in numbers, and the adapters stay close.
-    same = [t.completion_token_ids for t in rollouts_of(crashy, NAME, "0000").trajectories]
-    assert same == [t.completion_token_ids for t in rollouts_of(clean, NAME, "0000").trajectories]
+    same = [t.completion_token_ids for t in crashy.rollouts(NAME, "0000").trajectories]
+    assert same == [t.completion_token_ids for t in clean.rollouts(NAME, "0000").trajectories]
     for step in STEPS:
         ours, theirs = crashy.latest(NAME, "weights", step), clean.latest(NAME, "weights", step)
         assert ours["mean_reward"] == pytest.approx(theirs["mean_reward"], abs=0.1), step
@@ -288,10 +282,10 @@ def test_temperature_0_7_is_on_policy_with_processed_logprobs(vllm, lab):
     result = warm.run("vllm_t07", "0000", "0001", raise_on_error=False)
     assert result.success, failure_message(result)
     devs = [warm.latest("vllm_t07", "weights", s)["logp_max_dev"] for s in ("0000", "0001")]
-    print(f"\non-policy max |logp_trainer - logp_vllm| per step, temperature 0.7: {['%.2e' % d for d in devs]}")
+    print(f"\non-policy max |logp_trainer - logp_vllm| per step, temperature 0.7: {[f'{d:.2e}' for d in devs]}")
     assert all(0.0 <= d <= FLOAT32_TOLERANCE for d in devs)
     assert all(e.passed for e in on_policy_evaluations(warm, "vllm_t07").values())
-    assert all(r.temperature == 0.7 for r in rollouts_of(warm, "vllm_t07", "0001").trajectories)
+    assert all(r.temperature == 0.7 for r in warm.rollouts("vllm_t07", "0001").trajectories)
 
 
 def test_a_request_that_leaves_fields_to_the_server_fails_the_step_and_its_rollouts_are_sampled_again(vllm, lab, monkeypatch):
@@ -391,7 +385,7 @@ def test_dagster_rl_serve_answers_the_same_requests_as_vllm(vllm, tmp_path):
             assert a["logprobs"]["tokens"] == b["logprobs"]["tokens"], i
             diffs = [abs(x - y) for x, y in zip(a["logprobs"]["token_logprobs"], b["logprobs"]["token_logprobs"], strict=True)]
             worst = max(worst, *diffs)
-            for da, db in zip(a["logprobs"]["top_logprobs"], b["logprobs"]["top_logprobs"]):
+            for da, db in zip(a["logprobs"]["top_logprobs"], b["logprobs"]["top_logprobs"], strict=True):
                 assert set(da) == set(db) and all(abs(da[k] - db[k]) < 1e-4 for k in da), (i, da, db)
     print(f"\ngreedy log-probs, dagster-rl serve vs vLLM: max |difference| {worst:.2e}")
     assert worst < 1e-4

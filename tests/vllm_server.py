@@ -1,7 +1,6 @@
 """A real vLLM server (the CPU build in .venv-vllm, `make vllm`) for the tests, on 127.0.0.1:
 
-    from tests.vllm_server import vllm  # a session-scoped fixture: one server for every test that shares it
-    def test_x(vllm): vllm.base_url, vllm.model, vllm.client, vllm.log()
+    def test_x(vllm): vllm.base_url, vllm.model, vllm.client, vllm.log()  # one server for the session
 
 It is started and stopped the way a run does it: by a `RolloutEnvironment` with `server_command`
 (the managed start waits for /health and a first token; the stop ends its process group), on a
@@ -14,40 +13,42 @@ Without .venv-vllm the tests that use it skip, unless env CI is set: then they f
 lost vLLM cannot pass by skipping.
 """
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from dagster_rl.tasks.lm.model.tiny import save_tiny_model
-from dagster_rl.inference.server_process import vllm_cpu_command
-from dagster_rl.inference.vllm_client import VLLMClient
-from resources import RolloutEnvironment
-from tests.postgres import in_ci
-from tests.servers import REPO, free_port
+from tests import REPO
+from tests.machine import free_port, missing
+
+if TYPE_CHECKING:  # imported where used: a plugin of every test session stays light to import
+    from dagster_rl.inference.vllm_client import VLLMClient
+    from resources import RolloutEnvironment
 
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 STARTUP_TIMEOUT_S = 900.0  # ~1-2.5 min on 2 shared cores; more while tests load the machine
+LOADED = re.compile(r"Loaded new LoRA adapter: name '([^']+)', path '([^']+)'")  # vLLM's log line, per adapter
 
 
 def require_vllm() -> str:
     """.venv-vllm's python; skip the test when it is absent, fail instead under CI."""
     if not VLLM_PYTHON.exists():
-        reason = f"vLLM's CPU build is not installed at {VLLM_PYTHON.parent.parent}: run `make vllm`"
-        if in_ci():
-            pytest.fail(f"CI is set and {reason}", pytrace=False)
-        pytest.skip(reason)
+        missing(f"vLLM's CPU build is not installed at {VLLM_PYTHON.parent.parent}: run `make vllm`")
     return str(VLLM_PYTHON)
 
 
 def vllm_model(folder: Path) -> Path:
+    from dagster_rl.tasks.lm.model.tiny import save_tiny_model
+
     return save_tiny_model(folder, builtin="tiny-qwen2-vllm")
 
 
 @dataclass
 class RealVLLM:
-    environment: RolloutEnvironment  # the one that started it (and stops it at the end of the session)
+    environment: "RolloutEnvironment"  # the one that started it (and stops it at the end of the session)
     model: str  # the model folder: /v1/models names the base model by it
     started_in_s: float
 
@@ -56,20 +57,27 @@ class RealVLLM:
         return self.environment.base_url
 
     @property
-    def client(self) -> VLLMClient:
+    def client(self) -> "VLLMClient":
+        from dagster_rl.inference.vllm_client import VLLMClient
+
         return VLLMClient(self.base_url, timeout_s=120)
 
     def log(self) -> str:
         server = self.environment._server
         return server.log_path.read_text(errors="replace") if server is not None else ""
 
-    def shared(self, **limits) -> RolloutEnvironment:
+    def shared(self, **limits) -> "RolloutEnvironment":
         """A rollout environment for a test's runs: this server as someone else's (no command: a run's end leaves it up)."""
+        from resources import RolloutEnvironment
+
         return RolloutEnvironment(base_url=self.base_url, request_timeout_s=120, **{"max_concurrency": 8, **limits})
 
 
 @pytest.fixture(scope="session")
 def vllm(tmp_path_factory):
+    from dagster_rl.inference.server_process import vllm_cpu_command
+    from resources import RolloutEnvironment
+
     python = require_vllm()
     model = vllm_model(tmp_path_factory.mktemp("vllm-model") / "tiny-qwen2-vllm")
     port = free_port()
