@@ -157,3 +157,10 @@ def test_dagsters_private_api_is_imported_in_one_module_checked_against_the_inst
     assert importers == ["resources/dagster_internals.py"]
     doc = " ".join((REPO / "resources" / "dagster_internals.py").read_text().split())
     assert f"dagster {version('dagster')} and dagster-k8s {version('dagster-k8s')}" in doc
+
+
+def test_the_trainer_processes_start_where_the_package_is():
+    """The trainer's processes run in, and put first on their PYTHONPATH, the folder holding `dagster_rl`."""
+    from dagster_rl.tasks.lm.backends import SOURCE_ROOT
+
+    assert (SOURCE_ROOT / "dagster_rl" / "__init__.py").is_file()

@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import dagster_rl
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -44,7 +45,8 @@ from dagster_rl.core.retries import Limits, with_retries
 from dagster_rl.core.task import Launch, Weights
 from dagster_rl.runtime.workers import ProcessWorkers, Start
 
-REPO = Path(__file__).resolve().parents[2]
+# The folder that holds the `dagster_rl` package: the trainer processes' working folder and first PYTHONPATH entry.
+SOURCE_ROOT = Path(dagster_rl.__file__).resolve().parent.parent
 
 
 def subprocess_launch(command: list[str], env: dict[str, str]) -> None:
@@ -56,7 +58,7 @@ def subprocess_launch(command: list[str], env: dict[str, str]) -> None:
 
 def subprocess_start(command: list[str], env: dict[str, str]) -> ProcessWorkers:
     """Start the command in a plain subprocess that lives until stopped (a session without Dagster)."""
-    return ProcessWorkers(command, {**os.environ, **env}, cwd=REPO)
+    return ProcessWorkers(command, {**os.environ, **env}, cwd=SOURCE_ROOT)
 
 
 @dataclass
@@ -254,7 +256,7 @@ class LMTrainer:
     def _env(self) -> dict[str, str]:
         return {
             "OMP_NUM_THREADS": str(self.threads_per_process),
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")])),
         }
 
     # ---- a session for the range ----------------------------------------------------------------
