@@ -25,4 +25,6 @@
 
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent  # the repository root: workspace.yaml, experiments/, and `assets` for a child's PYTHONPATH
+REPO = (
+    Path(__file__).resolve().parent.parent
+)  # the repository root: workspace.yaml, experiments/, and `assets` for a child's PYTHONPATH

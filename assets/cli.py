@@ -118,7 +118,9 @@ def main(argv: list[str] | None = None) -> None:
     train.set_defaults(fn=cmd_train)
     status = sub.add_parser("status", help="table of every step of an experiment, read from $DAGSTER_HOME")
     status.add_argument("experiment")
-    status.add_argument("--all", action="store_true", help="a row for every step (default: one row for each span of steps not materialized)")
+    status.add_argument(
+        "--all", action="store_true", help="a row for every step (default: one row for each span of steps not materialized)"
+    )
     status.set_defaults(fn=cmd_status)
     runs = sub.add_parser("runs", help="an experiment's latest runs: id, status, steps, start, and a failed run's error")
     runs.add_argument("experiment")
@@ -134,7 +136,9 @@ def main(argv: list[str] | None = None) -> None:
         help="re-hash every artifact of an experiment's steps, compare it with its materialization; report each bad one (exit 1)",
     )
     verify.add_argument("experiment")
-    verify.add_argument("--repair", action="store_true", help="move each bad artifact to the store's quarantine (nothing is deleted)")
+    verify.add_argument(
+        "--repair", action="store_true", help="move each bad artifact to the store's quarantine (nothing is deleted)"
+    )
     verify.set_defaults(fn=cmd_verify)
     for kind in BUILTIN_TASKS:  # the tasks' own subcommands (the language models' `serve`)
         for name, command in task_of(kind).commands.items():

@@ -48,7 +48,11 @@ def step_rows(instance, exp: Experiment, store=None) -> list[dict[str, str]]:
             "trials": f"{md.get('n_trials')}/{md.get('n_trials_planned')}",
             "mean_reward": f"{md.get('mean_reward', float('nan')):.3f}",
             "success": f"{md.get('success_rate', float('nan')):.2f}",
-            **{c: _shown(v) for c, key in columns.items() if (v := next((m[key] for m in [md, *others] if key in m), None)) is not None},
+            **{
+                c: _shown(v)
+                for c, key in columns.items()
+                if (v := next((m[key] for m in [md, *others] if key in m), None)) is not None
+            },
             "weights_v": str(md.get("weights_version", "")),
             "attempt": str(md.get("attempt", "")),
         }
@@ -61,7 +65,9 @@ def step_rows(instance, exp: Experiment, store=None) -> list[dict[str, str]]:
             gone = [a for a in CHAIN if not _artifact_present(instance, exp, a, step, store)]
             if gone:
                 row["state"] = "missing"
-                notes.append(f"its {', '.join(gone)} artifact(s) are not in the store (moved aside or deleted): re-run from step {step}")
+                notes.append(
+                    f"its {', '.join(gone)} artifact(s) are not in the store (moved aside or deleted): re-run from step {step}"
+                )
         row["notes"] = notes  # type: ignore[assignment]
         rows.append(row)
     return rows

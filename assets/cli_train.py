@@ -52,7 +52,9 @@ def parse_range(exp: Experiment, text: str | None) -> tuple[int, int]:
     ends = text.split("...")
     every = f"{exp.name}'s steps are 0000...{step_key(exp.n_steps - 1)}"
     if len(ends) > 2 or not all(e.isdigit() for e in ends):
-        sys.exit(f"dagster-rl: {text!r} is not a range of steps: give FIRST...LAST (e.g. 0008...0011) or one step (e.g. 8); {every}")
+        sys.exit(
+            f"dagster-rl: {text!r} is not a range of steps: give FIRST...LAST (e.g. 0008...0011) or one step (e.g. 8); {every}"
+        )
     first, last = int(ends[0]), int(ends[-1])
     if last >= exp.n_steps:
         sys.exit(

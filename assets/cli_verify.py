@@ -150,7 +150,15 @@ def cmd_lineage(args: argparse.Namespace) -> None:
     bad = sorted(k for k, f in flags.items() if f)
     try:  # a reader that closes the pipe early (`| head`) still leaves the summary and the exit status
         if args.json:
-            print(json.dumps([dict(s.model_dump(), seeds_hash=s.seeds_hash, problems=flags[s.step] + (top if i == 0 else [])) for i, s in enumerate(chain)], indent=2))
+            print(
+                json.dumps(
+                    [
+                        dict(s.model_dump(), seeds_hash=s.seeds_hash, problems=flags[s.step] + (top if i == 0 else []))
+                        for i, s in enumerate(chain)
+                    ],
+                    indent=2,
+                )
+            )
         else:
             print(f"lineage of {exp.name}/weights {step} (artifacts in {store.url}, experiment seed {exp.seed})")
             for problem in top:
@@ -159,8 +167,10 @@ def cmd_lineage(args: argparse.Namespace) -> None:
                 b = s.behavior_policy
                 print(f"step {step_key(s.step)}  weights v{s.weights_version} {s.weights_hash[:16]} (key {s.weights_key[:16]})")
                 print(f"  <- rewards  {s.rewards_hash[:16]}  rubric {s.rubric.get('name')} {_rubric_weights(s.rubric)}")
-                print(f"  <- rollouts {s.rollouts_hash[:16]}  {s.n_trajectories} trajectories, {len(s.skipped)} skipped, "
-                      f"seeds {s.seeds_hash[:16]} ({_seed_span(s.seeds)})")
+                print(
+                    f"  <- rollouts {s.rollouts_hash[:16]}  {s.n_trajectories} trajectories, {len(s.skipped)} skipped, "
+                    f"seeds {s.seeds_hash[:16]} ({_seed_span(s.seeds)})"
+                )
                 print(f"  <- behavior policy: weights {b['partition']} v{b['version']} {str(b['content_hash'])[:16]}")
                 for problem in flags[s.step]:
                     print(f"  MISMATCH {problem}")
@@ -188,7 +198,11 @@ def _lineage_flags(instance, exp: Experiment, store, s) -> list[str]:
     materialization of this experiment's step (as `verify` checks it), and that materialization
     names the artifact the chain went through."""
     partition, flags = step_key(s.step), []
-    hashes = {"rollouts": (s.rollouts_key, s.rollouts_hash), "rewards": (s.rewards_key, s.rewards_hash), "weights": (s.weights_key, s.weights_hash)}
+    hashes = {
+        "rollouts": (s.rollouts_key, s.rollouts_hash),
+        "rewards": (s.rewards_key, s.rewards_hash),
+        "weights": (s.weights_key, s.weights_hash),
+    }
     for asset in CHAIN:
         md = latest(instance, exp, asset, partition)
         if md is None:

@@ -142,13 +142,20 @@ def release_stale_holders(instance, pool: str, experiment: str, me: DagsterRun, 
             stopped = kill_and_wait(leftover_processes(instance, run_id))
             left = f"; killed the step process(es) {stopped} it left" if stopped else ""
             instance.report_run_failed(
-                run, f"Marked failed by run {me.run_id} of {experiment}: its {where} is gone (killed, or the machine restarted){left}."
+                run,
+                f"Marked failed by run {me.run_id} of {experiment}: its {where} is gone (killed, or the machine restarted){left}.",
             )
             instance.event_log_storage.free_concurrency_slots_for_run(run_id)
-            said.append(f"Run {run_id} of experiment {experiment} was left started by its {where}, which is gone: marked it failed{left}, freed its slot of pool {pool}.")
+            said.append(
+                f"Run {run_id} of experiment {experiment} was left started by its {where}, which is gone: marked it failed{left}, freed its slot of pool {pool}."
+            )
         elif run_id not in seen and run_id in {s.run_id for s in info.claimed_slots}:
             seen.add(run_id)
-            since = datetime.fromtimestamp(r.start_time, UTC).isoformat() if (r := instance.get_run_record_by_id(run_id)) and r.start_time else "?"
+            since = (
+                datetime.fromtimestamp(r.start_time, UTC).isoformat()
+                if (r := instance.get_run_record_by_id(run_id)) and r.start_time
+                else "?"
+            )
             said.append(
                 f"Run {run_id} of experiment {experiment} (started {since}, {where}) is running: this run waits for it "
                 f"(pool {pool} admits one run of an experiment at a time), then resumes where it stopped."

@@ -99,7 +99,9 @@ def _interrupted_event(event, run_id: str | None) -> bool:
     if event.event_type == DagsterEventType.RUN_CANCELED:
         return interrupted_here(run_id)
     data = getattr(event, "event_specific_data", None)
-    return event.event_type in (DagsterEventType.STEP_FAILURE, DagsterEventType.RUN_FAILURE) and interrupted(getattr(data, "error", None))
+    return event.event_type in (DagsterEventType.STEP_FAILURE, DagsterEventType.RUN_FAILURE) and interrupted(
+        getattr(data, "error", None)
+    )
 
 
 def event_line(event, run_id: str | None, tags: dict) -> str | None:
@@ -143,7 +145,10 @@ class _ConsoleLines(logging.Filter):
         event = meta.get("dagster_event")
         if self.level > logging.DEBUG:
             if event is not None and _interrupted_event(event, meta.get("run_id")):
-                return event.event_type in (DagsterEventType.RUN_FAILURE, DagsterEventType.RUN_CANCELED)  # one line says it: the run's end
+                return event.event_type in (
+                    DagsterEventType.RUN_FAILURE,
+                    DagsterEventType.RUN_CANCELED,
+                )  # one line says it: the run's end
             if event is not None and event.event_type == DagsterEventType.RUN_CANCELED:
                 return True  # the run's end (canceled from the UI)
             if event is not None and str(event.message or "").startswith(_INTERRUPTING):
@@ -161,7 +166,11 @@ class _Short(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         meta = getattr(record, "dagster_meta", None) or {}
         event = meta.get("dagster_event")
-        message = (event_line(event, meta.get("run_id"), dict(meta.get("job_tags") or {})) if event is not None else None) or meta.get("orig_message") or record.getMessage()
+        message = (
+            (event_line(event, meta.get("run_id"), dict(meta.get("job_tags") or {})) if event is not None else None)
+            or meta.get("orig_message")
+            or record.getMessage()
+        )
         quiet = event is not None and _interrupted_event(event, meta.get("run_id"))
         level = "" if record.levelno < logging.WARNING or quiet else f"{record.levelname} "
         where = f"{meta['step_key']}: " if level and meta.get("step_key") else ""

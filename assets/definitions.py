@@ -27,7 +27,9 @@ def judge_environment(store: ArtifactStoreResource) -> JudgeEnvironment:
     if not os.environ.get(JUDGE_URL):
         return JudgeEnvironment(artifact_store=store)
     if not os.environ.get(JUDGE_MODEL):
-        raise SettingError(f"{JUDGE_URL} is set, so the judge is an LLM over that endpoint: set {JUDGE_MODEL} to its model's name")
+        raise SettingError(
+            f"{JUDGE_URL} is set, so the judge is an LLM over that endpoint: set {JUDGE_MODEL} to its model's name"
+        )
     return JudgeEnvironment(
         artifact_store=store,
         backend="openai",

@@ -90,7 +90,10 @@ def build_warmup(exp: Experiment):
         expect_recorded(context.instance, exp, (), [], store, key)  # the event log's record of it
         progress = Progress()
         try:
-            with reporting(progress, lambda line: context.log.info(line, extra=CONSOLE), PROGRESS_EVERY_S), progress.doing(warming_up(key)):
+            with (
+                reporting(progress, lambda line: context.log.info(line, extra=CONSOLE), PROGRESS_EVERY_S),
+                progress.doing(warming_up(key)),
+            ):
                 result = spec.run(exp, store)
         except DagsterRLError as e:
             _no_retry_unless_retryable(context, e)
@@ -178,7 +181,8 @@ def _drive(
                 if isinstance(result, StepAsset):
                     if AssetKey([exp.name, result.asset]) in context.selected_asset_keys:
                         context.log.info(
-                            f"step {step_key(result.step)}  {result.asset}  cache {result.cache}  {numbers_line(result.metadata)}", extra=CONSOLE
+                            f"step {step_key(result.step)}  {result.asset}  cache {result.cache}  {numbers_line(result.metadata)}",
+                            extra=CONSOLE,
                         )
                         yield step_asset_materialization(exp, result, info)
                     continue
@@ -210,8 +214,14 @@ def _range_of(context: AssetExecutionContext, exp: Experiment) -> list[int]:
     if not steps:
         tags = context.run.tags
         first, last = tags.get("dagster/asset_partition_range_start", "?"), tags.get("dagster/asset_partition_range_end", "?")
-        hint = f"its first step comes after its last: give it as {last}...{first}" if first > last else "give a first and a last step"
-        raise DagsterRLError(f"the range {first}...{last} of {exp.name} holds no step: {hint} (steps 0000...{step_key(exp.n_steps - 1)})")
+        hint = (
+            f"its first step comes after its last: give it as {last}...{first}"
+            if first > last
+            else "give a first and a last step"
+        )
+        raise DagsterRLError(
+            f"the range {first}...{last} of {exp.name} holds no step: {hint} (steps 0000...{step_key(exp.n_steps - 1)})"
+        )
     if steps != list(range(steps[0], steps[-1] + 1)):
         raise DagsterRLError(f"a run drives a contiguous range of steps; got {[step_key(s) for s in steps]}")
     return steps
@@ -229,5 +239,9 @@ def _ensure_warmup(context: AssetExecutionContext, exp: Experiment, store, progr
     latest = context.instance.get_latest_materialization_event(key)
     recorded = latest.asset_materialization.metadata.get("content_hash") if latest and latest.asset_materialization else None
     if recorded is None or recorded.value != result.ref.content_hash:
-        context.log.info(f"{key.to_user_string()} was not materialized with these contents; the driver records it (cache {result.cache})")
-        yield AssetMaterialization(asset_key=key, metadata={**warmup_metadata(exp, result), "recorded_by": MetadataValue.text("driver")})
+        context.log.info(
+            f"{key.to_user_string()} was not materialized with these contents; the driver records it (cache {result.cache})"
+        )
+        yield AssetMaterialization(
+            asset_key=key, metadata={**warmup_metadata(exp, result), "recorded_by": MetadataValue.text("driver")}
+        )

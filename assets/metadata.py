@@ -98,7 +98,9 @@ def superseded(context: AssetExecutionContext, exp: Experiment, result: StepResu
     """`supersedes` and `supersedes_reason` when this partition's latest materialization holds other
     content (formerly failed trials now succeeded, an earlier step changed, other settings); else {}."""
     key, partition = AssetKey([exp.name, asset]), step_key(result.step)
-    records = context.instance.fetch_materializations(AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1).records
+    records = context.instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1
+    ).records
     if not records:
         return {}
     old = {k: v.value for k, v in records[0].asset_materialization.metadata.items()}

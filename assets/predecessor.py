@@ -22,8 +22,8 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 from dagster_rl.core.errors import CorruptArtifactError, DagsterRLError, MissingPredecessorError
 from dagster_rl.core.experiment import Experiment, step_key
 from dagster_rl.core.records import STATS
-from dagster_rl.store.artifact_store import ArtifactStore, check_key
 from dagster_rl.core.task import TaskLoop, Weights
+from dagster_rl.store.artifact_store import ArtifactStore, check_key
 
 PAGE = 1000  # materialization records read at a time
 NONE = "none"  # what a metadata value that names nothing says (`checks_failed`, `fork_of`): never a blank row
@@ -60,7 +60,9 @@ def missing_before(instance: DagsterInstance, exp: Experiment, first_step: int) 
     return [step_key(k) for k in range(first_step) if step_key(k) not in done]
 
 
-def starting_weights(instance: DagsterInstance, exp: Experiment, first_step: int, store: ArtifactStore, loop: TaskLoop) -> Weights:
+def starting_weights(
+    instance: DagsterInstance, exp: Experiment, first_step: int, store: ArtifactStore, loop: TaskLoop
+) -> Weights:
     """Initial weights for step 0; otherwise the weights materialized for step first_step - 1."""
     if first_step == 0:
         return loop.initial_weights(exp, store)
@@ -153,7 +155,12 @@ def _check_trained_by(exp: Experiment, prev: str, artifact: str, trained: dict, 
 
 
 def expect_recorded(
-    instance: DagsterInstance, exp: Experiment, assets: Iterable[str], steps: list[int], store: ArtifactStore, warmup: AssetKey | None
+    instance: DagsterInstance,
+    exp: Experiment,
+    assets: Iterable[str],
+    steps: list[int],
+    store: ArtifactStore,
+    warmup: AssetKey | None,
 ) -> None:
     """Give the store the content hash the event log recorded for each artifact this range may read:
     the latest materialization of each of `assets` for the range's steps and its predecessor, and of
@@ -167,7 +174,9 @@ def expect_recorded(
         if latest is not None and latest.asset_materialization is not None:
             md = {k: v.value for k, v in latest.asset_materialization.metadata.items()}
             what = warmup.to_user_string()
-            _expect(store, {"artifact_path": f"weights/{md.get('artifact_key')}", **md}, "weights", what, f"materialize {what} again")
+            _expect(
+                store, {"artifact_path": f"weights/{md.get('artifact_key')}", **md}, "weights", what, f"materialize {what} again"
+            )
 
 
 def _expect(store: ArtifactStore, md: dict, asset: str, what: str, fix: str) -> None:
@@ -184,7 +193,9 @@ def _latest_by_partition(instance: DagsterInstance, asset: AssetKey, partitions:
     latest: dict[str, dict] = {}
     cursor = None
     while len(latest) < len(partitions):
-        page = instance.fetch_materializations(AssetRecordsFilter(asset_key=asset, asset_partitions=partitions), limit=PAGE, cursor=cursor)
+        page = instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=asset, asset_partitions=partitions), limit=PAGE, cursor=cursor
+        )
         for record in page.records:
             m = record.asset_materialization
             if m is not None and m.partition is not None and m.partition not in latest:

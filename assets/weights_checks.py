@@ -92,7 +92,9 @@ def check_outputs(context: AssetExecutionContext, evaluated: set[AssetCheckKey])
             yield Output(None, output_name=name)
 
 
-def _target_materialization(context: AssetExecutionContext, asset: AssetKey, partition: str) -> AssetCheckEvaluationTargetMaterializationData | None:
+def _target_materialization(
+    context: AssetExecutionContext, asset: AssetKey, partition: str
+) -> AssetCheckEvaluationTargetMaterializationData | None:
     """The materialization a step's check evaluations are about: the partition's latest.
 
     Dagster's UI (the check's Partitions tab, `AssetCheckState`) counts an evaluation of a partition
@@ -100,7 +102,11 @@ def _target_materialization(context: AssetExecutionContext, asset: AssetKey, par
     target counts as stale, and the partition shows "Missing". An `AssetCheckResult` returned by an
     asset gets its target from Dagster; one logged as an event, as the driver does step by step,
     names it itself, as Dagster would (its `_get_partitioned_target_materialization_data`)."""
-    records = context.instance.fetch_materializations(AssetRecordsFilter(asset_key=asset, asset_partitions=[partition]), limit=1).records
+    records = context.instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=asset, asset_partitions=[partition]), limit=1
+    ).records
     if not records:
         return None
-    return AssetCheckEvaluationTargetMaterializationData(storage_id=records[0].storage_id, run_id=records[0].run_id, timestamp=records[0].timestamp)
+    return AssetCheckEvaluationTargetMaterializationData(
+        storage_id=records[0].storage_id, run_id=records[0].run_id, timestamp=records[0].timestamp
+    )

@@ -49,17 +49,24 @@ def main() -> None:
     env.pop("DAGSTER_RL_EXPERIMENTS", None)
     python = [str(BIN / "python"), "-c"]
     cli = f"{TORCH}; from assets.cli import main; main(sys.argv[1:])"
-    subprocess.run([*python, "from dagster import DagsterInstance; DagsterInstance.get().dispose()"], env=env, check=True)  # the schema
+    subprocess.run(
+        [*python, "from dagster import DagsterInstance; DagsterInstance.get().dispose()"], env=env, check=True
+    )  # the schema
     commands = {
         "python -c pass": [*python, "pass"],
         "import dagster": [*python, "import dagster"],
-        "import dagster; DagsterInstance.get()": [*python, "from dagster import DagsterInstance; DagsterInstance.get().dispose()"],
+        "import dagster; DagsterInstance.get()": [
+            *python,
+            "from dagster import DagsterInstance; DagsterInstance.get().dispose()",
+        ],
         "dagster-rl --help": [*python, cli, "--help"],
         "dagster-rl status demo": [*python, cli, "status", "demo"],
         "dagster-rl runs demo": [*python, cli, "runs", "demo"],
         "dagster-rl serve --help": [*python, cli, "serve", "--help"],
     }
-    print(f"{'command':40s} {'wall s':>7s} {'cpu s':>7s}  torch   (median of {args.repeats}; load average {os.getloadavg()[0]:.1f})")
+    print(
+        f"{'command':40s} {'wall s':>7s} {'cpu s':>7s}  torch   (median of {args.repeats}; load average {os.getloadavg()[0]:.1f})"
+    )
     for name, argv in commands.items():
         wall, cpu, torch = measure(argv, env, args.repeats)
         print(f"{name:40s} {wall:7.2f} {cpu:7.2f}  {'yes' if torch else 'no'}")

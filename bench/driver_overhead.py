@@ -7,9 +7,9 @@ and the time spent inside the steps, with the ratios Dagster / plain. Target: Da
 """
 
 import argparse
+import os
 import statistics
 import sys
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -23,12 +23,12 @@ from dagster import DagsterInstance  # noqa: E402
 from assets.definitions import build_definitions  # noqa: E402
 from dagster_rl.core.experiment import step_key  # noqa: E402
 from dagster_rl.core.experiment_files import load_experiments  # noqa: E402
+from dagster_rl.core.task import Backends  # noqa: E402
 from dagster_rl.judges.rubric_judge import RubricJudge  # noqa: E402
+from dagster_rl.store.artifact_store import ArtifactStore  # noqa: E402
 from dagster_rl.tasks.secret_search.backends import SandboxRollouts, TabularTrainer  # noqa: E402
 from dagster_rl.tasks.secret_search.judge import score  # noqa: E402
 from dagster_rl.tasks.secret_search.loop import initial_weights, run_step  # noqa: E402
-from dagster_rl.core.task import Backends  # noqa: E402
-from dagster_rl.store.artifact_store import ArtifactStore  # noqa: E402
 from resources import ArtifactStoreResource, RolloutEnvironment  # noqa: E402
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"

@@ -74,8 +74,8 @@ from pathlib import Path
 
 import lm_common  # sets the offline environment and sys.path first
 
-from dagster_rl.tasks.lm.settings import ATTENTION_AND_MLP  # noqa: E402
 from dagster_rl.tasks.lm.model.tiny import resolve_model  # noqa: E402
+from dagster_rl.tasks.lm.settings import ATTENTION_AND_MLP  # noqa: E402
 
 PHASES = ("decode", "nograd_logp", "reward")
 RUBRIC = {"name": "accuracy", "accuracy": 1.0, "format": 0.5}
@@ -177,9 +177,9 @@ def run_ours(args, model_dir: Path) -> dict:
     import torch
 
     from dagster_rl.tasks.lm import in_memory
+    from dagster_rl.tasks.lm.model.policy import make_optimizer
     from dagster_rl.tasks.lm.rollout import hf as rollout_hf
     from dagster_rl.tasks.lm.train import trainer
-    from dagster_rl.tasks.lm.model.policy import make_optimizer
 
     sampling, grpo, rubric = settings(args)
     dtype = "bfloat16" if args.worker == "ours-bf16" else args.dtype
@@ -200,7 +200,11 @@ def run_ours(args, model_dir: Path) -> dict:
             policy, optimizer, prompt_set, args.seed, step, args.prompts, args.samples, sampling, rubric, grpo
         )
         # the sampler's log-probs against the trainer's (the on_policy check's numbers)
-        clock.stop(mean_reward=sum(r.reward for r in rewards) / len(rewards), logp_max_dev=metrics.logp_max_dev, logp_mean_dev=metrics.logp_mean_dev)
+        clock.stop(
+            mean_reward=sum(r.reward for r in rewards) / len(rewards),
+            logp_max_dev=metrics.logp_max_dev,
+            logp_mean_dev=metrics.logp_mean_dev,
+        )
     return _memory(clock, rss_start)
 
 
@@ -220,9 +224,9 @@ def run_trl(args, model_dir: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from dagster_rl.tasks.lm.data.prompts import prompts_for_step, render
     from dagster_rl.tasks.lm.model.policy import lora_config
     from dagster_rl.tasks.lm.rewards import score_text
-    from dagster_rl.tasks.lm.data.prompts import prompts_for_step, render
 
     sampling, grpo, rubric = settings(args)
     prompt_set = prompt_set_of(args)
@@ -283,9 +287,14 @@ def run_trl(args, model_dir: Path) -> dict:
         gradient_checkpointing=args.worker == "trl",  # trl: TRL's default (on); trl-nogc: off, its fastest
     )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype))
-    trl = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tok, peft_config=peft_config)
+    trl = GRPOTrainer(
+        model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tok, peft_config=peft_config
+    )
     # the same initial adapter as ours (LoRA A drawn from lora.init_seed; B = 0)
-    ours = {n: p.to(next(trl.model.parameters()).device) for n, p in lm_common.make_policy(model_dir, lora_of(args), device="cpu").trainable()}
+    ours = {
+        n: p.to(next(trl.model.parameters()).device)
+        for n, p in lm_common.make_policy(model_dir, lora_of(args), device="cpu").trainable()
+    }
     trained = [(n, p) for n, p in trl.model.named_parameters() if p.requires_grad]
     if sorted(n for n, _ in trained) != sorted(ours):
         raise SystemExit(f"TRL's adapter has other parameters than ours: {sorted(n for n, _ in trained)[:4]}...")
@@ -332,7 +341,23 @@ def worker(args) -> None:
 
 def spawn(python: str, engine: str, args, model_dir: Path) -> dict:
     cmd = [python, str(Path(__file__).resolve()), "--worker", engine, "--model-dir", str(model_dir)]
-    for name in ("steps", "prompts", "samples", "max_new_tokens", "threads", "lr", "beta", "epsilon", "temperature", "top_p", "seed", "micro_batch_tokens", "device", "dtype", "prompts_path"):
+    for name in (
+        "steps",
+        "prompts",
+        "samples",
+        "max_new_tokens",
+        "threads",
+        "lr",
+        "beta",
+        "epsilon",
+        "temperature",
+        "top_p",
+        "seed",
+        "micro_batch_tokens",
+        "device",
+        "dtype",
+        "prompts_path",
+    ):
         cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if args.model:
         cmd += ["--model", args.model]
@@ -381,10 +406,16 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="of the base model")
     parser.add_argument("--micro-batch-tokens", type=int, default=0, help="ours: grpo.micro_batch_tokens (0: its default)")
-    parser.add_argument("--engines", default="ours,trl", help="which engines to run, of ours, ours-bf16 (ours, the base in bfloat16), trl (its defaults), trl-nogc (gradient checkpointing off)")
+    parser.add_argument(
+        "--engines",
+        default="ours,trl",
+        help="which engines to run, of ours, ours-bf16 (ours, the base in bfloat16), trl (its defaults), trl-nogc (gradient checkpointing off)",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="runs of each engine, alternated")
     parser.add_argument("--trl-python", default=sys.executable, help="the python that has trl (default: this one)")
-    parser.add_argument("--model", default="", help="a model folder or builtin: name (default: the tiny model of --hidden/--layers)")
+    parser.add_argument(
+        "--model", default="", help="a model folder or builtin: name (default: the tiny model of --hidden/--layers)"
+    )
     parser.add_argument("--prompts-path", default="builtin:addition-1-20", help="with --model: a GSM8K-format prompt set")
     parser.add_argument("--worker", choices=("ours", "ours-bf16", "trl", "trl-nogc"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -407,12 +438,20 @@ def main() -> None:
             f"TRL skipped: `{args.trl_python} -c 'import trl'` failed ({why}). Install trl in a separate venv "
             "(see this file's docstring) and pass --trl-python."
         )
-    engines = {"ours": sys.executable, "ours-bf16": sys.executable, **({"trl": args.trl_python, "trl-nogc": args.trl_python} if why is None else {})}
+    engines = {
+        "ours": sys.executable,
+        "ours-bf16": sys.executable,
+        **({"trl": args.trl_python, "trl-nogc": args.trl_python} if why is None else {}),
+    }
     engines = {k: v for k, v in engines.items() if k in args.engines.split(",")}
     runs: dict[str, list[dict]] = {k: [] for k in engines}
     loads = []
     with tempfile.TemporaryDirectory() as d:
-        model_dir = Path(resolve_model(args.model)) if args.model else lm_common.save_model(Path(d) / "model", hidden=args.hidden, layers=args.layers)
+        model_dir = (
+            Path(resolve_model(args.model))
+            if args.model
+            else lm_common.save_model(Path(d) / "model", hidden=args.hidden, layers=args.layers)
+        )
         for _ in range(args.rounds):  # alternated, so that a busy spell of the machine hits both
             for name, python in engines.items():
                 runs[name].append(spawn(python, name, args, model_dir))
@@ -443,7 +482,9 @@ def main() -> None:
     memory = "gpu_peak" if gpu else "rss_hwm"
     for name, m in rows.items():
         if "logp_max_dev" in m:
-            print(f"on-policy, {name}: max |logp_trainer - logp_sampler| {m['logp_max_dev']:.2e}, largest |mean| {m['logp_mean_dev']:+.2e} (every step of every run)")
+            print(
+                f"on-policy, {name}: max |logp_trainer - logp_sampler| {m['logp_max_dev']:.2e}, largest |mean| {m['logp_mean_dev']:+.2e} (every step of every run)"
+            )
     if "ours" in rows and "ours-bf16" in rows:
         o, b = rows["ours"], rows["ours-bf16"]
         print(

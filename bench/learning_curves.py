@@ -63,7 +63,9 @@ def run_one(name: str, seed: int, overrides: dict, n_steps: int | None) -> dict:
 
     def metadata(instance: DagsterInstance, asset: str) -> dict:
         records = instance.fetch_materializations(AssetKey([name, asset]), limit=10_000, ascending=True).records
-        return {r.asset_materialization.partition: {k: v.value for k, v in r.asset_materialization.metadata.items()} for r in records}
+        return {
+            r.asset_materialization.partition: {k: v.value for k, v in r.asset_materialization.metadata.items()} for r in records
+        }
 
     with tempfile.TemporaryDirectory(prefix=f"curve-{name}-") as tmp:
         raw = settings(name, seed, overrides)
@@ -73,17 +75,32 @@ def run_one(name: str, seed: int, overrides: dict, n_steps: int | None) -> dict:
         (Path(tmp) / "experiments" / f"{name}.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
         exp = load_experiments(Path(tmp) / "experiments")[name]
         defs = build_definitions({name: exp}, {"artifact_store": ArtifactStoreResource(url=f"file://{tmp}/artifacts")})
-        tags = {"dagster/asset_partition_range_start": step_key(0), "dagster/asset_partition_range_end": step_key(exp.n_steps - 1)}
+        tags = {
+            "dagster/asset_partition_range_start": step_key(0),
+            "dagster/asset_partition_range_end": step_key(exp.n_steps - 1),
+        }
         quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the table, not the run's event log
         with DagsterInstance.ephemeral() as instance:
             t0 = time.perf_counter()
-            assert defs.resolve_job_def(f"{name}_train").execute_in_process(instance=instance, tags=tags, run_config=quiet).success
+            assert (
+                defs.resolve_job_def(f"{name}_train").execute_in_process(instance=instance, tags=tags, run_config=quiet).success
+            )
             wall = time.perf_counter() - t0
-            sft, evaluation, weights = metadata(instance, "sft")[None], metadata(instance, "evaluation"), metadata(instance, "weights")
+            sft, evaluation, weights = (
+                metadata(instance, "sft")[None],
+                metadata(instance, "evaluation"),
+                metadata(instance, "weights"),
+            )
     steps = sorted(evaluation)
     return {
-        "experiment": name, "seed": seed, "capability": torch.backends.cpu.get_cpu_capability(), "wall_s": wall,
-        "base": sft["base_accuracy"], "warmup": sft["accuracy"], "warmup_s": sft["warmup_s"], "sft_steps": sft["sft_steps"],
+        "experiment": name,
+        "seed": seed,
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "wall_s": wall,
+        "base": sft["base_accuracy"],
+        "warmup": sft["accuracy"],
+        "warmup_s": sft["warmup_s"],
+        "sft_steps": sft["sft_steps"],
         "accuracy": [evaluation[s]["accuracy"] for s in steps],
         "mean_reward": [weights[s]["mean_reward"] for s in steps],
         "sampled_accuracy": [weights[s]["success_rate"] for s in steps],
@@ -93,10 +110,15 @@ def run_one(name: str, seed: int, overrides: dict, n_steps: int | None) -> dict:
 def print_curve(run: dict, kernel: str, every: int) -> None:
     steps = range(len(run["accuracy"]))
     shown = [s for s in steps if s % every == 0 or s == steps[-1]]
-    print(f"\n{run['experiment']} seed {run['seed']}, kernels {kernel} ({run['capability']}): {len(steps)} steps in {run['wall_s']:.0f} s "
-          f"(warm-up {run['sft_steps']} steps, {run['warmup_s']:.0f} s); load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"\n{run['experiment']} seed {run['seed']}, kernels {kernel} ({run['capability']}): {len(steps)} steps in {run['wall_s']:.0f} s "
+        f"(warm-up {run['sft_steps']} steps, {run['warmup_s']:.0f} s); load average {os.getloadavg()[0]:.2f}"
+    )
     print(f"{'':24} {'base':>6} {'warm-up':>8} " + " ".join(f"{s:>6}" for s in shown))
-    print(f"{'held-out accuracy':24} {run['base']:6.2f} {run['warmup']:8.2f} " + " ".join(f"{run['accuracy'][s]:6.2f}" for s in shown))
+    print(
+        f"{'held-out accuracy':24} {run['base']:6.2f} {run['warmup']:8.2f} "
+        + " ".join(f"{run['accuracy'][s]:6.2f}" for s in shown)
+    )
     print(f"{'mean reward':24} {'':6} {'':8} " + " ".join(f"{run['mean_reward'][s]:6.3f}" for s in shown))
     print(f"{'sampled accuracy':24} {'':6} {'':8} " + " ".join(f"{run['sampled_accuracy'][s]:6.2f}" for s in shown), flush=True)
 
@@ -118,14 +140,23 @@ def print_table(runs: list[tuple[str, dict]], last: int, every: int) -> None:
         rises.append(end - run["warmup"])
         starts.append(run["warmup"])
         ends.append(end)
-        print(f"{kernel:8} {run['seed']:4d} {run['sft_steps']:9d} {run['warmup']:8.2f} {end:8.3f} {end - run['warmup']:+6.3f} {max(run['accuracy']):6.2f}")
-    print(f"{'range':8} {'':4} {'':9} {min(starts):.2f}-{max(starts):.2f} {min(ends):.2f}-{max(ends):.2f} {min(rises):+.3f}..{max(rises):+.3f}")
+        print(
+            f"{kernel:8} {run['seed']:4d} {run['sft_steps']:9d} {run['warmup']:8.2f} {end:8.3f} {end - run['warmup']:+6.3f} {max(run['accuracy']):6.2f}"
+        )
+    print(
+        f"{'range':8} {'':4} {'':9} {min(starts):.2f}-{max(starts):.2f} {min(ends):.2f}-{max(ends):.2f} {min(rises):+.3f}..{max(rises):+.3f}"
+    )
     shown = [s for s in range(n) if s % every == 0 or s == n - 1]
     curves = [run["accuracy"] for _, run in runs]
     print(f"\n{name}: held-out greedy accuracy, range over the {len(runs)} runs")
     print("| | warm-up | " + " | ".join(f"step {s}" if s == 0 else str(s) for s in shown) + " |")
     print("| --- " * (len(shown) + 2) + "|")
-    print(f"| held-out greedy accuracy | {min(starts):.2f}-{max(starts):.2f} | " + " | ".join(f"{min(c[s] for c in curves):.2f}-{max(c[s] for c in curves):.2f}" for s in shown) + " |", flush=True)
+    print(
+        f"| held-out greedy accuracy | {min(starts):.2f}-{max(starts):.2f} | "
+        + " | ".join(f"{min(c[s] for c in curves):.2f}-{max(c[s] for c in curves):.2f}" for s in shown)
+        + " |",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -138,7 +169,12 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=5, help="curves: print every this many steps (and the last)")
     parser.add_argument("--set", nargs=2, action="append", default=[], metavar=("EXPERIMENT", "JSON"), help="override settings")
     parser.add_argument("--json", type=Path, default=None, help="append every run's result to this JSON-lines file")
-    parser.add_argument("--from-json", type=Path, default=None, help="print the tables of the runs stored in this file (--json) instead of running")
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="print the tables of the runs stored in this file (--json) instead of running",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one run, its result as JSON on stdout
     args = parser.parse_args()
     overrides = {name: {} for name in args.experiments}

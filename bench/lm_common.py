@@ -19,8 +19,8 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from dagster_rl.tasks.lm.model.policy import Policy, load_policy  # noqa: E402
-from dagster_rl.tasks.lm.settings import LoRASettings, PolicySettings  # noqa: E402
 from dagster_rl.tasks.lm.model.tiny import tiny_config, tiny_tokenizer  # noqa: E402
+from dagster_rl.tasks.lm.settings import LoRASettings, PolicySettings  # noqa: E402
 
 # the tests' adapter: every projection of every layer plus the head
 TARGETS = ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")

@@ -17,9 +17,9 @@ overlap). The session's start is in both walls.
 
 import argparse
 import ast
+import os
 import statistics
 import sys
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -64,11 +64,14 @@ def run(lag: int, args: argparse.Namespace, root: Path, session: str = "range", 
         md = [e.materialization.metadata for e in result.get_asset_materialization_events() if e.asset_key.path[-1] == "weights"]
         logs = instance.all_logs(result.run_id)
         said = [ast.literal_eval(e.message[len(REPORTED) :]) for e in logs if e.message.startswith(REPORTED)]
-        stored = [e.timestamp for e in logs if e.dagster_event and e.dagster_event.is_step_materialization and e.dagster_event.asset_key.path[-1] == "weights"]
+        stored = [
+            e.timestamp
+            for e in logs
+            if e.dagster_event and e.dagster_event.is_step_materialization and e.dagster_event.asset_key.path[-1] == "weights"
+        ]
     timings = {m["step"]: m["timings"] for m in said}
     steps = [
-        {"train_s": m["train_s"].value, "generate_s": m["generate_s"].value, **timings.get(step, {})}
-        for step, m in enumerate(md)
+        {"train_s": m["train_s"].value, "generate_s": m["generate_s"].value, **timings.get(step, {})} for step, m in enumerate(md)
     ]
     return {
         "wall": wall,
@@ -87,7 +90,9 @@ def pipelining_table(args: argparse.Namespace, sessions=SESSIONS) -> dict:
             with tempfile.TemporaryDirectory() as d:
                 rows[session, lag] = run(lag, args, Path(d), session, prompts_per_step=args.prompts, n_samples=args.samples,
                                          min_trials_per_step=1, sampling={"max_new_tokens": args.new_tokens})  # fmt: skip
-    print(f"tiny_grpo, {args.steps} steps, {args.prompts}x{args.samples} rollouts of {args.new_tokens} tokens, torchrun trainer (1 process)")
+    print(
+        f"tiny_grpo, {args.steps} steps, {args.prompts}x{args.samples} rollouts of {args.new_tokens} tokens, torchrun trainer (1 process)"
+    )
     print(f"{'trainer':<18}{'mode':<20}{'wall s':>9}{'after step 0 s':>16}{'generate s':>12}{'train s':>10}")
     for session in sessions:
         for lag, name in ((0, "sequential (lag 0)"), (1, "pipelined (lag 1)")):
@@ -98,9 +103,16 @@ def pipelining_table(args: argparse.Namespace, sessions=SESSIONS) -> dict:
         whole = rows[session, 1]["wall"] / rows[session, 0]["wall"]
         steady = rows[session, 1]["after_first"] / rows[session, 0]["after_first"]
         label = "session" if session == "range" else "launch per step"
-        print(f"pipelined / sequential, {label}: {whole:.2f} whole run, {steady:.2f} after step 0" + (" (target <= 0.75)" if session == "range" else ""))
-    print("generate s: generation + judging of a step; train s: the update as the driver waits for it, launch included (median over steps);")
-    print(f"after step 0 s: from step 0's weights to step {args.steps - 1:04d}'s (the session's start and the first generation left out)")
+        print(
+            f"pipelined / sequential, {label}: {whole:.2f} whole run, {steady:.2f} after step 0"
+            + (" (target <= 0.75)" if session == "range" else "")
+        )
+    print(
+        "generate s: generation + judging of a step; train s: the update as the driver waits for it, launch included (median over steps);"
+    )
+    print(
+        f"after step 0 s: from step 0's weights to step {args.steps - 1:04d}'s (the session's start and the first generation left out)"
+    )
     return rows
 
 

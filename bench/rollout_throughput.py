@@ -30,11 +30,11 @@ from pathlib import Path
 import lm_common  # noqa: F401  (sets the offline environment and sys.path first)
 import torch
 
+from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step, render
 from dagster_rl.tasks.lm.records import plan_requests
 from dagster_rl.tasks.lm.rollout.hf import generate_rollouts
 from dagster_rl.tasks.lm.rollout.sampling import generate
 from dagster_rl.tasks.lm.settings import SamplingSettings
-from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step, render
 
 TARGET = 0.9
 

@@ -55,7 +55,13 @@ async def one_round(base_url: str, connections: int, timeout_s: float, seed0: in
         else:
             answers.setdefault(r, []).append(a)
     wrong += sum(1 for got in answers.values() if any(g.token_ids != got[0].token_ids for g in got[1:]))
-    return {"requests": connections, "answered": sum(len(v) for v in answers.values()), "lost": lost, "wrong": wrong, "wall": wall}
+    return {
+        "requests": connections,
+        "answered": sum(len(v) for v in answers.values()),
+        "lost": lost,
+        "wrong": wrong,
+        "wall": wall,
+    }
 
 
 def main() -> None:

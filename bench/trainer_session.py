@@ -42,7 +42,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as d:
             rows[session] = run(0, args, Path(d), session)
     print(f"tiny_grpo, {args.steps} steps (8x8 rollouts of 1 token), torchrun trainer (1 process), lag 0")
-    print(f"{'trainer':<18}{'wall s':>9}{'train s':>10}{'update s':>10}{'overhead/step s: mean':>24}{'first':>8}{'others (median)':>17}")
+    print(
+        f"{'trainer':<18}{'wall s':>9}{'train s':>10}{'update s':>10}{'overhead/step s: mean':>24}{'first':>8}{'others (median)':>17}"
+    )
     for session, label in (("step", "launch per step"), ("range", "session (range)")):
         steps = rows[session]["steps"]
         o = overhead(steps)
@@ -51,7 +53,9 @@ def main() -> None:
             f"{statistics.mean(o):>24.3f}{o[0]:>8.3f}{statistics.median(o[1:]):>17.3f}"
         )
     print(f"8 steps, session / launches: {rows['range']['wall'] / rows['step']['wall']:.2f} (target <= 0.35)")
-    print(f"session overhead per step after its start: {statistics.median(overhead(rows['range']['steps'])[1:]):.3f} s (target <= 0.3)")
+    print(
+        f"session overhead per step after its start: {statistics.median(overhead(rows['range']['steps'])[1:]):.3f} s (target <= 0.3)"
+    )
     print("train s, update s: sums over the steps; overhead = train s (driver) - update s (worker), per step")
     if not args.no_pipelining:
         print()

@@ -43,22 +43,22 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dagster_rl.core.hashing import cache_key
+from dagster_rl.core.retries import Limits
+from dagster_rl.core.task import Endpoint, Weights
+from dagster_rl.inference.server_process import ManagedServer, ServerStartError, vllm_cpu_command
+from dagster_rl.inference.vllm_client import VLLM_VERSION, VLLMClient
+from dagster_rl.store.artifact_store import ArtifactStore
 from dagster_rl.tasks.lm.backends import HFRollouts
+from dagster_rl.tasks.lm.data.prompts import load_prompt_set, prompts_for_step
 from dagster_rl.tasks.lm.experiment import LMExperiment
 from dagster_rl.tasks.lm.model.logprobs import pack, packed_logprobs
 from dagster_rl.tasks.lm.model.policy import checkpoint_bytes, load_policy, make_optimizer
-from dagster_rl.tasks.lm.data.prompts import load_prompt_set, prompts_for_step
+from dagster_rl.tasks.lm.model.tiny import resolve_model
 from dagster_rl.tasks.lm.records import plan_requests
 from dagster_rl.tasks.lm.rewards import score
 from dagster_rl.tasks.lm.rollout.openai_client import ServerRollouts
-from dagster_rl.tasks.lm.model.tiny import resolve_model
-from dagster_rl.tasks.lm.train.trainer import build_samples, train_step
 from dagster_rl.tasks.lm.rollout.vllm_serving import MAX_MODEL_LEN
-from dagster_rl.core.retries import Limits
-from dagster_rl.inference.server_process import ManagedServer, ServerStartError, vllm_cpu_command
-from dagster_rl.store.artifact_store import ArtifactStore
-from dagster_rl.core.task import Endpoint, Weights
-from dagster_rl.inference.vllm_client import VLLM_VERSION, VLLMClient
+from dagster_rl.tasks.lm.train.trainer import build_samples, train_step
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -108,7 +108,9 @@ def deviation(exp: LMExperiment, behavior: Weights, rollouts: list) -> tuple[flo
     with torch.no_grad():
         policy.mode(training=True)
         pad = policy.tokenizer.pad_token_id
-        batch = pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], [s.temperature for s in samples], pad, "cpu")
+        batch = pack(
+            [s.prompt_ids for s in samples], [s.completion_ids for s in samples], [s.temperature for s in samples], pad, "cpu"
+        )
         new = packed_logprobs(policy.model, batch)[batch.completion_mask]
     old = torch.tensor([v for s in samples for v in s.old_logp])
     metrics = train_step(policy, make_optimizer(policy, exp.grpo), samples, len(samples), exp.grpo, facts)
@@ -140,7 +142,9 @@ def started(command: list[str], port: int, root: Path) -> ManagedServer:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--hidden", type=int, default=256, help="4 heads: the head size is hidden / 4 (vLLM's CPU attention: 32, 64, ...)")
+    parser.add_argument(
+        "--hidden", type=int, default=256, help="4 heads: the head size is hidden / 4 (vLLM's CPU attention: 32, 64, ...)"
+    )
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
@@ -150,7 +154,9 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--engines", default="hf,serve,vllm", help="comma-separated, of hf, serve, vllm")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each engine (OMP_NUM_THREADS of the servers)")
-    parser.add_argument("--model", default="", help="a model folder or builtin: name (default: a random model of --hidden/--layers)")
+    parser.add_argument(
+        "--model", default="", help="a model folder or builtin: name (default: a random model of --hidden/--layers)"
+    )
     parser.add_argument("--prompts-path", default="builtin:addition-1-20", help="with --model: a GSM8K-format prompt set")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -197,7 +203,9 @@ def main() -> None:
                     vllm_start = time.monotonic() - t0
                 for name, engine in engines.items():
                     try:
-                        out, wall, tokens = timed(partial(engine.generate, exp, requests, behavior, prompts.template), args.repeats)
+                        out, wall, tokens = timed(
+                            partial(engine.generate, exp, requests, behavior, prompts.template), args.repeats
+                        )
                     except Exception:  # a server that died: its own log says why
                         for s in servers:
                             print(f"--- {' '.join(s.command[:4])} ... its log:\n{s.log_tail(10**6)}", file=sys.stderr)
@@ -205,11 +213,18 @@ def main() -> None:
                     max_dev, mean_dev, mean_abs = deviation(exp, behavior, out)
                     start = {"dagster-rl serve": serve_start}.get(name, vllm_start if name.startswith("vLLM") else 0.0)
                     rows.append((dtype, name, n, tokens, wall, tokens / wall, max_dev, mean_dev, mean_abs, start))
-                    print(f"  {dtype} {name}: {tokens} tokens in {wall:.3f} s, max |dlogp| {max_dev:.2e}, load {os.getloadavg()[0]:.1f}", flush=True)
+                    print(
+                        f"  {dtype} {name}: {tokens} tokens in {wall:.3f} s, max |dlogp| {max_dev:.2e}, load {os.getloadavg()[0]:.1f}",
+                        flush=True,
+                    )
             finally:
                 for s in servers:
                     s.stop()
-    size = f"model {args.model}" if args.model else f"model hidden {args.hidden} / {args.layers} layers / head size {args.hidden // 4}, head x{args.logit_scale:g}"
+    size = (
+        f"model {args.model}"
+        if args.model
+        else f"model hidden {args.hidden} / {args.layers} layers / head size {args.hidden // 4}, head x{args.logit_scale:g}"
+    )
     print(
         f"\nrollouts: {args.prompts} prompts x {args.samples} samples, up to {args.max_new_tokens} new tokens, temperature 1, "
         f"{size}; median of {args.repeats} after 1 warm-up; {args.threads} thread(s) each; load average now {os.getloadavg()[0]:.1f}\n"

@@ -14,14 +14,14 @@ from pydantic import Field, PrivateAttr
 
 from dagster_rl.core import bounds
 from dagster_rl.core.experiment import Experiment
+from dagster_rl.core.retries import Limits
+from dagster_rl.core.task import Endpoint, JudgeBackend, RolloutBackend, RolloutEnv, TrainerBackend, TrainerEnv, task_of
+from dagster_rl.inference.server_process import ADAPTER_ROOTS_ENV, ManagedServer
+from dagster_rl.inference.vllm_client import VLLMClient
 from dagster_rl.judges.journal import JudgeJournal
 from dagster_rl.judges.llm_judge import LLMJudge, OpenAIChatClient
-from dagster_rl.runtime.pods import PodJob
-from dagster_rl.core.retries import Limits
 from dagster_rl.judges.rubric_judge import RubricJudge
-from dagster_rl.inference.server_process import ADAPTER_ROOTS_ENV, ManagedServer
-from dagster_rl.core.task import Endpoint, JudgeBackend, RolloutBackend, RolloutEnv, TrainerBackend, TrainerEnv, task_of
-from dagster_rl.inference.vllm_client import VLLMClient
+from dagster_rl.runtime.pods import PodJob
 from dagster_rl.runtime.workers import Workers
 from resources.artifact_store import ArtifactStoreResource
 from resources.k8s_launcher import PipesK8sJobLauncher
@@ -192,7 +192,9 @@ class TrainerEnvironment(_Environment):
 
     def backend_for(self, exp: Experiment, context: AssetExecutionContext | Any) -> TrainerBackend:
         pods = _BoundPods(self.k8s, context) if self.k8s is not None else None
-        env = TrainerEnv(self.limits(), launch=partial(self.launcher.run, context), pods=pods, start=partial(self.launcher.start, context))
+        env = TrainerEnv(
+            self.limits(), launch=partial(self.launcher.run, context), pods=pods, start=partial(self.launcher.start, context)
+        )
         backend = task_of(exp.kind).backend("trainer", exp, env)
         self._built.append(backend)
         return backend

@@ -170,11 +170,16 @@ class PipesK8sJobLauncher(ConfigurableResource):
         session's workers for a range of steps (`SessionPods`)."""
         return SessionPods(self, context, job)
 
-    def _attempt(self, context, pipes: PipesK8sClient, client: DagsterKubernetesClient, cluster: ClusterSettings, job: PodJob, name: str):
+    def _attempt(
+        self, context, pipes: PipesK8sClient, client: DagsterKubernetesClient, cluster: ClusterSettings, job: PodJob, name: str
+    ):
         ns = cluster.namespace
-        with no_preview_notices(), open_pipes_session(
-            context=context, extras=None, context_injector=pipes.context_injector, message_reader=pipes.message_reader
-        ) as session:
+        with (
+            no_preview_notices(),
+            open_pipes_session(
+                context=context, extras=None, context_injector=pipes.context_injector, message_reader=pipes.message_reader
+            ) as session,
+        ):
             body = indexed_job(job, cluster, name, extra_env=dict(session.get_bootstrap_env_vars()))
             context.log.info(f"creating trainer Job {ns}/{name}: {job.nodes} pod(s), pod 0 at {name}-0.{name}")
             logs = None
@@ -209,14 +214,20 @@ class PipesK8sJobLauncher(ConfigurableResource):
         owned by the Job."""
         wait = self.poll_interval_s
         try:
-            k8s_api_retry_creation_mutation(lambda: client.core_api.create_namespaced_service(ns, service), max_retries=3, timeout=wait)
+            k8s_api_retry_creation_mutation(
+                lambda: client.core_api.create_namespaced_service(ns, service), max_retries=3, timeout=wait
+            )
             client.create_namespaced_job_with_retries(body=job, namespace=ns, wait_time_between_attempts=wait)
             created = k8s_api_retry(lambda: client.batch_api.read_namespaced_job(name, ns), max_retries=3, timeout=wait)
             uid = getattr(getattr(created, "metadata", None), "uid", None)
             if uid:
-                k8s_api_retry(lambda: client.core_api.patch_namespaced_service(name, ns, owned_by(job, uid)), max_retries=3, timeout=wait)
+                k8s_api_retry(
+                    lambda: client.core_api.patch_namespaced_service(name, ns, owned_by(job, uid)), max_retries=3, timeout=wait
+                )
         except (DagsterK8sAPIRetryLimitExceeded, DagsterK8sUnrecoverableAPIError) as e:
-            raise DagsterRLError(f"cannot create the trainer's Job and Service {ns}/{name}: {_api_error(e.k8s_api_exception)}") from None
+            raise DagsterRLError(
+                f"cannot create the trainer's Job and Service {ns}/{name}: {_api_error(e.k8s_api_exception)}"
+            ) from None
 
     def _pod0(self, context, client: DagsterKubernetesClient, ns: str, name: str) -> str:
         """The name of the Job's pod of completion index 0 (Kubernetes names it <job>-0-<random>),
@@ -241,7 +252,10 @@ class PipesK8sJobLauncher(ConfigurableResource):
 
     def _cleanup(self, context, client: DagsterKubernetesClient, ns: str, name: str) -> None:
         """Delete the Job with its pods, and the Service; never masks the error being raised."""
-        for what, delete in (("Job", lambda: client.delete_job(name, ns)), ("Service", lambda: client.core_api.delete_namespaced_service(name, ns))):
+        for what, delete in (
+            ("Job", lambda: client.delete_job(name, ns)),
+            ("Service", lambda: client.core_api.delete_namespaced_service(name, ns)),
+        ):
             try:
                 delete()
             except kubernetes.client.ApiException as e:
@@ -269,7 +283,12 @@ class SessionPods:
         self.stack = ExitStack()
         with no_preview_notices():
             self.session = self.stack.enter_context(
-                open_pipes_session(context=context, extras=None, context_injector=self.pipes.context_injector, message_reader=self.pipes.message_reader)
+                open_pipes_session(
+                    context=context,
+                    extras=None,
+                    context_injector=self.pipes.context_injector,
+                    message_reader=self.pipes.message_reader,
+                )
             )
         _lift_typed_output_requirement(context)  # the driver yields its own materializations while the session is open
         self.messages = ReportedMessages(context, self.session)
@@ -289,13 +308,17 @@ class SessionPods:
         while True:
             self.name = job_name(self.job.name, self.context.run_id, self.attempt)
             body = indexed_job(self.job, self.cluster, self.name, extra_env=dict(self.session.get_bootstrap_env_vars()))
-            self.context.log.info(f"creating trainer session Job {self.ns}/{self.name}: {self.job.nodes} pod(s), pod 0 at {self.name}-0.{self.name}")
+            self.context.log.info(
+                f"creating trainer session Job {self.ns}/{self.name}: {self.job.nodes} pod(s), pod 0 at {self.name}-0.{self.name}"
+            )
             try:
                 self.launcher._create(self.client, self.ns, self.name, body, headless_service(self.job, self.cluster, self.name))
                 pod0 = self.launcher._pod0(self.context, self.client, self.ns, self.name)
             except DagsterK8sJobStatusException:
                 self._cleanup()
-                raise PodJobTerminated(f"the run stopped while the trainer session's Job {self.name} started; its pods and Service were deleted") from None
+                raise PodJobTerminated(
+                    f"the run stopped while the trainer session's Job {self.name} started; its pods and Service were deleted"
+                ) from None
             except DagsterK8sError as e:
                 self._failed(str(e))
                 continue
@@ -325,7 +348,9 @@ class SessionPods:
         run = self.context.instance.get_run_by_id(self.context.run_id)
         if run is None or run.status != DagsterRunStatus.STARTED:
             self._cleanup()
-            raise PodJobTerminated(f"the run stopped while the trainer session's Job {self.name} ran; its pods and Service were deleted")
+            raise PodJobTerminated(
+                f"the run stopped while the trainer session's Job {self.name} ran; its pods and Service were deleted"
+            )
         status = self.client.get_job_status(self.name, self.ns) if self.name is not None else None
         if status is None:
             raise WorkersGone(f"the trainer session's Job {self.ns}/{self.name} is gone (deleted from outside)")
@@ -350,7 +375,11 @@ class SessionPods:
                 if status is None or status.failed or (status.succeeded or 0) >= self.job.nodes:
                     break
                 time.sleep(self.launcher.poll_interval_s)
-            if grace_s > 0 and self.logs is not None and (problem := self.logs.drain(min(grace_s, self.launcher.log_drain_timeout_s))):
+            if (
+                grace_s > 0
+                and self.logs is not None
+                and (problem := self.logs.drain(min(grace_s, self.launcher.log_drain_timeout_s)))
+            ):
                 self.context.log.warning(f"pod 0's log stream of the trainer session ({self.ns}/{self.logs.pod}) {problem}")
         finally:
             with ended_by_the_driver(self.context, grace_s):
@@ -377,7 +406,9 @@ class PodLogs:
     def __init__(self, pipes: PipesK8sClient, context, client: DagsterKubernetesClient, namespace: str, pod: str):
         self.pod = pod
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._read, args=(pipes, context, client, namespace), name=f"pod-logs-{pod}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._read, args=(pipes, context, client, namespace), name=f"pod-logs-{pod}", daemon=True
+        )
         self._thread.start()
 
     def _read(self, pipes: PipesK8sClient, context, client: DagsterKubernetesClient, namespace: str) -> None:

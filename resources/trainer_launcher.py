@@ -60,10 +60,14 @@ class PipesTorchrunLauncher(ConfigurableResource):
     def start(self, context: AssetExecutionContext, command: list[str], env: dict[str, str]) -> "PipesWorkers":
         stack = ExitStack()
         with no_preview_notices():
-            session = stack.enter_context(open_pipes_session(context, PipesTempFileContextInjector(), PipesTempFileMessageReader()))
+            session = stack.enter_context(
+                open_pipes_session(context, PipesTempFileContextInjector(), PipesTempFileMessageReader())
+            )
         _lift_typed_output_requirement(context)  # the driver yields its own materializations while the session is open
         try:
-            workers = ProcessWorkers(command, {**os.environ, **env, **session.get_bootstrap_env_vars()}, cwd=self.cwd or str(REPO))
+            workers = ProcessWorkers(
+                command, {**os.environ, **env, **session.get_bootstrap_env_vars()}, cwd=self.cwd or str(REPO)
+            )
         except BaseException:
             stack.close()
             raise

@@ -27,7 +27,20 @@ def run(kernel: str, xml: Path, extra: list[str]) -> int:
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     if kernel != "native":
         env["ATEN_CPU_CAPABILITY"] = kernel
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "numerics", "-p", "no:cacheprovider", "-o", "junit_family=legacy", f"--junitxml={xml}", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-m",
+        "numerics",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "junit_family=legacy",
+        f"--junitxml={xml}",
+        *extra,
+    ]
     print(f"\n== {kernel}: {' '.join(cmd[1:])}", flush=True)
     return subprocess.run(cmd, env=env, cwd=REPO).returncode
 
@@ -37,14 +50,22 @@ def results(xml: Path) -> dict[str, tuple[str, str]]:
     out = {}
     for case in ET.parse(xml).getroot().iter("testcase"):
         name = f"{case.get('classname', '').rsplit('.', 1)[-1]}.py::{case.get('name')}"
-        status = "FAIL" if case.find("failure") is not None or case.find("error") is not None else "skip" if case.find("skipped") is not None else "pass"
+        status = (
+            "FAIL"
+            if case.find("failure") is not None or case.find("error") is not None
+            else "skip"
+            if case.find("skipped") is not None
+            else "pass"
+        )
         values = " ".join(f"{p.get('name')}={p.get('value')}" for p in case.iter("property"))
         out[name] = (status, values)
     return out
 
 
 def capability(kernel: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"} | ({} if kernel == "native" else {"ATEN_CPU_CAPABILITY": kernel})
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"} | (
+        {} if kernel == "native" else {"ATEN_CPU_CAPABILITY": kernel}
+    )
     probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"
     return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True).stdout.strip()
 
@@ -73,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             status, values = by_kernel.get(kernel, ("-", ""))
             print(f"  {kernel:8} {status:5} {values}")
     failed = [(t, k) for t, by in table.items() for k, (s, _) in by.items() if s == "FAIL"]
-    print(f"\n{len(table)} tests x {len(args.kernels)} settings: {len(failed)} failed" + "".join(f"\n  FAIL {k} {t}" for t, k in failed))
+    print(
+        f"\n{len(table)} tests x {len(args.kernels)} settings: {len(failed)} failed"
+        + "".join(f"\n  FAIL {k} {t}" for t, k in failed)
+    )
     return 1 if failed or any(codes.values()) else 0
 
 

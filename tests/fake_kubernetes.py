@@ -109,7 +109,9 @@ def _forbidden(account: str, namespace: str, group: str, resource: str, verb: st
     """The 403 the API server answers, worded as it words it."""
     kind, _, sub = resource.partition("/")
     what = f'resource "{kind}"' + (f' subresource "{sub}"' if sub else "")
-    message = f'{resource} is forbidden: User "{account}" cannot {verb} {what} in API group "{group}" in the namespace "{namespace}"'
+    message = (
+        f'{resource} is forbidden: User "{account}" cannot {verb} {what} in API group "{group}" in the namespace "{namespace}"'
+    )
     error = ApiException(status=403, reason="Forbidden")
     error.body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403, "message": message})
     return error
@@ -156,7 +158,9 @@ class FakePod:
             name=container["name"], image=container["image"], image_id="fake", ready=rc is None, restart_count=0, state=state
         )
         return V1Pod(
-            metadata=V1ObjectMeta(name=self.name, namespace=self.namespace, labels=dict(self.labels), annotations=dict(self.annotations)),
+            metadata=V1ObjectMeta(
+                name=self.name, namespace=self.namespace, labels=dict(self.labels), annotations=dict(self.annotations)
+            ),
             spec=V1PodSpec(containers=[V1Container(name=container["name"], image=container["image"])]),
             status=V1PodStatus(phase=phase, container_statuses=[status], init_container_statuses=None),
         )
@@ -213,7 +217,9 @@ class FakeKubernetes:
         self._numbers = itertools.count()
         self._lock = threading.RLock()
         self._closed = threading.Event()
-        self.batch = SimpleNamespace(**{name: self._authorized(name) for name in PERMISSION if name.endswith("_job") or "_job_" in name})
+        self.batch = SimpleNamespace(
+            **{name: self._authorized(name) for name in PERMISSION if name.endswith("_job") or "_job_" in name}
+        )
         self.core = SimpleNamespace(**{name: self._authorized(name) for name in PERMISSION if name not in vars(self.batch)})
         threading.Thread(target=self._job_controller, name="fake-job-controller", daemon=True).start()
 
@@ -303,7 +309,9 @@ class FakeKubernetes:
         name = (field_selector or "").removeprefix("metadata.name=")
         with self._lock:
             jobs = [j for (ns, n), j in self.jobs.items() if ns == namespace and (not name or n == name)]
-            return SimpleNamespace(items=[V1Job(metadata=V1ObjectMeta(name=j.name, uid=j.uid), status=self._status(j)) for j in jobs])
+            return SimpleNamespace(
+                items=[V1Job(metadata=V1ObjectMeta(name=j.name, uid=j.uid), status=self._status(j)) for j in jobs]
+            )
 
     def read_namespaced_job(self, name: str, namespace: str, **_: Any) -> V1Job:
         with self._lock:
@@ -405,7 +413,9 @@ class FakeKubernetes:
         labels = {**template["metadata"].get("labels", {}), "job-name": job.name, "batch.kubernetes.io/job-name": job.name}
         if self.index_label:  # Kubernetes >= 1.28 labels pods with their index too; before, the annotation only
             labels[INDEX_LABEL] = str(index)
-        return FakePod(f"{job.name}-{index}-{suffix}", namespace, labels, {INDEX_LABEL: str(index)}, template["spec"], job.name, index)
+        return FakePod(
+            f"{job.name}-{index}-{suffix}", namespace, labels, {INDEX_LABEL: str(index)}, template["spec"], job.name, index
+        )
 
     def _start(self, job: FakeJob, pod: FakePod, port: str) -> None:
         container = pod.spec["containers"][0]
@@ -415,13 +425,19 @@ class FakeKubernetes:
         command = [expand(part, env) for part in container.get("command", []) + container.get("args", [])]
         if (job.number, pod.index) in self.crash:
             command = [sys.executable, "-c", "import sys; print('node lost', flush=True); sys.exit(137)"]
-        process_env = {"PATH": f"{self.extra_path}{os.pathsep}{os.environ.get('PATH', '')}", "HOME": os.environ.get("HOME", "/tmp"), **env}
+        process_env = {
+            "PATH": f"{self.extra_path}{os.pathsep}{os.environ.get('PATH', '')}",
+            "HOME": os.environ.get("HOME", "/tmp"),
+            **env,
+        }
         # the node's CPU is this machine's: its kernel setting too (ATEN_CPU_CAPABILITY stands for the CPU a
         # real node would have), or pods compared bit for bit with local processes would round differently
         for key in ("HF_HUB_OFFLINE", "DAGSTER_RL_MODEL_CACHE", "TMPDIR", "ATEN_CPU_CAPABILITY"):
             if key in os.environ:
                 process_env[key] = os.environ[key]
-        pod.proc = subprocess.Popen(command, cwd=REPO, env=process_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        pod.proc = subprocess.Popen(
+            command, cwd=REPO, env=process_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
         threading.Thread(target=self._collect, args=(pod,), daemon=True).start()
 
     def _env_value(self, entry: dict[str, Any], pod: FakePod) -> str:

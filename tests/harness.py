@@ -73,7 +73,11 @@ class Lab:
         key = AssetCheckKey(AssetKey([name, "weights"]), check)
         partitions = StaticPartitionsDefinition(self.experiments[name].step_keys)
         state = self.instance.event_log_storage.get_asset_check_state([(key, partitions)])[key]
-        return {status.value: sorted(subset.subset_value.get_partition_keys()) for status, subset in state.subsets.items() if not subset.is_empty}
+        return {
+            status.value: sorted(subset.subset_value.get_partition_keys())
+            for status, subset in state.subsets.items()
+            if not subset.is_empty
+        }
 
     def store(self):
         return self.defs.resources["artifact_store"].get_store()

@@ -68,7 +68,9 @@ def fullname(release: str, chart: str, values: dict[str, Any]) -> str:
 
 def top_service_account(values: dict[str, Any], release: str) -> str:
     glob = values.get("global") or {}
-    return glob.get("serviceAccountName") or (values.get("serviceAccount") or {}).get("name") or fullname(release, "dagster", values)
+    return (
+        glob.get("serviceAccountName") or (values.get("serviceAccount") or {}).get("name") or fullname(release, "dagster", values)
+    )
 
 
 def user_deployments_service_account(values: dict[str, Any], release: str) -> str:
@@ -113,7 +115,12 @@ def container_context(values: dict[str, Any], release: str, namespace: str, depl
         "namespace": namespace,
         "service_account_name": user_deployments_service_account(values, release),
     }
-    for key, field in (("volumeMounts", "volume_mounts"), ("volumes", "volumes"), ("labels", "labels"), ("resources", "resources")):
+    for key, field in (
+        ("volumeMounts", "volume_mounts"),
+        ("volumes", "volumes"),
+        ("labels", "labels"),
+        ("resources", "resources"),
+    ):
         if deployment.get(key):
             k8s[field] = deployment[key]
     if isinstance(deployment.get("env"), list) and deployment["env"]:
@@ -132,13 +139,23 @@ def run_launcher_config(values: dict[str, Any], release: str, namespace: str) ->
         "dagster_home": {"env": "DAGSTER_HOME"},
         "instance_config_map": {"env": "DAGSTER_K8S_INSTANCE_CONFIG_MAP"},
         "postgres_password_secret": {"env": "DAGSTER_K8S_PG_PASSWORD_SECRET"},
-        "env_config_maps": [{"env": "DAGSTER_K8S_PIPELINE_RUN_ENV_CONFIGMAP"}, *[m["name"] for m in launcher.get("envConfigMaps", [])]],
+        "env_config_maps": [
+            {"env": "DAGSTER_K8S_PIPELINE_RUN_ENV_CONFIGMAP"},
+            *[m["name"] for m in launcher.get("envConfigMaps", [])],
+        ],
     }
-    for key, field in (("envSecrets", "env_secrets"), ("envVars", "env_vars"), ("volumeMounts", "volume_mounts"), ("volumes", "volumes")):
+    for key, field in (
+        ("envSecrets", "env_secrets"),
+        ("envVars", "env_vars"),
+        ("volumeMounts", "volume_mounts"),
+        ("volumes", "volumes"),
+    ):
         if launcher.get(key):
             config[field] = [s["name"] for s in launcher[key]] if key == "envSecrets" else launcher[key]
     if launcher.get("runK8sConfig"):
-        config["run_k8s_config"] = {_snake(k): {_snake(f): v for f, v in section.items()} for k, section in launcher["runK8sConfig"].items()}
+        config["run_k8s_config"] = {
+            _snake(k): {_snake(f): v for f, v in section.items()} for k, section in launcher["runK8sConfig"].items()
+        }
     return config
 
 
@@ -159,7 +176,9 @@ def instance_settings(values: dict[str, Any]) -> dict[str, Any]:
     concurrency = values.get("concurrency") or {}
     if concurrency.get("enabled"):
         out["concurrency"] = {
-            section: {_snake(k): v for k, v in (concurrency.get(section) or {}).items()} for section in ("pools", "runs") if concurrency.get(section)
+            section: {_snake(k): v for k, v in (concurrency.get(section) or {}).items()}
+            for section in ("pools", "runs")
+            if concurrency.get(section)
         }
     return out
 

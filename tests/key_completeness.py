@@ -32,7 +32,9 @@ from dagster_rl.core.task import Backends, task_of
 
 STEPS = [0, 1]  # two steps: the second samples from weights the first trained (and, at lag 1, from the initial ones)
 ENVIRONMENTS = ("rollout", "judge", "trainer")
-WARMUP_FILE = "warmup.json"  # what marks a warm-up's weights (dagster_rl.tasks.lm.train.warmup.WARMUP; not imported: no torch here)
+WARMUP_FILE = (
+    "warmup.json"  # what marks a warm-up's weights (dagster_rl.tasks.lm.train.warmup.WARMUP; not imported: no torch here)
+)
 Raw = dict[str, Any]
 
 
@@ -199,7 +201,9 @@ class Walk:
         literal = get_origin(a) is Literal or a is bool
         yield from self._first_valid(name, plan, path, value, [*self.overrides.get(name, []), *_candidates(a, value)], literal)
 
-    def _first_valid(self, name: str, plan: Plan, path: tuple[str, ...], value: Any, candidates: list, literal: bool) -> Iterator[Change]:
+    def _first_valid(
+        self, name: str, plan: Plan, path: tuple[str, ...], value: Any, candidates: list, literal: bool
+    ) -> Iterator[Change]:
         """The change to the first candidate that validates (every one, for a choice among names)."""
         found = False
         for candidate in candidates:
@@ -217,7 +221,9 @@ class Walk:
         if not found and not any(s.startswith(f"{name}=") for s in self.skip):
             self.unchangeable.append(name)
 
-    def _section(self, annotation: Any, models: list[type[BaseModel]], plan: Plan, path: tuple[str, ...], value: Any) -> Iterator[Change]:
+    def _section(
+        self, annotation: Any, models: list[type[BaseModel]], plan: Plan, path: tuple[str, ...], value: Any
+    ) -> Iterator[Change]:
         """A section (a model), optional or one of several kinds (a discriminated union): every kind
         it may be, each with every field of it changed."""
         name = _name(path)
@@ -382,7 +388,9 @@ def findings(setting: str, seen: Outcome, outside: dict[str, str], rounding: dic
         problems += [f"{r} (not listed in ROUNDING: say why this setting changes float bytes)" for r in seen.rounding[:3]]
     listed = _listed(setting, outside)
     if listed is not None and seen.moved and not (seen.rounding and may_round is not None):
-        problems.append(f"{setting} is in OUTSIDE_KEYS ({listed}), but changing it changes the key of {', '.join(seen.moved[:4])}")
+        problems.append(
+            f"{setting} is in OUTSIDE_KEYS ({listed}), but changing it changes the key of {', '.join(seen.moved[:4])}"
+        )
     if listed is None and not seen.moved and not problems:
         problems.append(
             f"{setting} changes no key and no stored byte: put it in the key of what it affects, or in OUTSIDE_KEYS with why it is in none"

@@ -33,7 +33,9 @@ def fresh_policy(tiny_dir: Path, checkpoint: dict[str, bytes] | None = None) -> 
     return load_policy(policy_settings(tiny_dir), checkpoint)
 
 
-def step_batch(policy: Policy, step: int, prompts: int = 4, samples: int = 4, seed: int = 0, sampling: SamplingSettings = SAMPLING):
+def step_batch(
+    policy: Policy, step: int, prompts: int = 4, samples: int = 4, seed: int = 0, sampling: SamplingSettings = SAMPLING
+):
     """(rollouts, rewards) of one step of the synthetic copy task with the policy as it is."""
     prompt_set = load_prompt_set(SyntheticPrompts(ops=("copy", "add")))
     items = prompts_for_step(prompt_set.train, seed, step, prompts)
@@ -107,7 +109,9 @@ def gradient_terms(policy: Policy) -> Iterator[dict[str, torch.Tensor]]:
             hook.remove()
 
 
-def assert_within_summation_bound(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], terms: dict[str, torch.Tensor], n: int) -> float:
+def assert_within_summation_bound(
+    got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], terms: dict[str, torch.Tensor], n: int
+) -> float:
     """Gradients that add the same n per-position terms in other orders agree within the bound of
     float32 summation: a sum of n terms in any order is within (n - 1) u sum|terms| of the exact sum
     (u = eps32 / 2; Higham, Accuracy and Stability of Numerical Algorithms, eq. 4.4), so two orders
@@ -121,7 +125,9 @@ def assert_within_summation_bound(got: dict[str, torch.Tensor], expected: dict[s
     for name, g in expected.items():
         diff, scale = (got[name].cpu().double() - g.cpu().double()).abs(), EPS32 * terms[name]
         excess = diff - (n - 1) * scale
-        assert float(excess.max()) <= 0.0, f"{name}: |difference| exceeds (n - 1) eps32 sum|terms| by {float(excess.max()):.3g} (n = {n})"
+        assert float(excess.max()) <= 0.0, (
+            f"{name}: |difference| exceeds (n - 1) eps32 sum|terms| by {float(excess.max()):.3g} (n = {n})"
+        )
         worst = max(worst, float((diff / scale.clamp_min(1e-300)).max()))
     return worst
 

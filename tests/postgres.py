@@ -26,7 +26,9 @@ SCRIPT = REPO / "deploy" / "postgres-test-server.sh"
 
 def postgres_bin() -> str | None:
     """The newest /usr/lib/postgresql/*/bin holding initdb and pg_ctl (or $PG_BIN), else None."""
-    candidates = [os.environ["PG_BIN"]] if os.environ.get("PG_BIN") else sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=_version)
+    candidates = (
+        [os.environ["PG_BIN"]] if os.environ.get("PG_BIN") else sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=_version)
+    )
     for path in reversed(candidates):
         if os.access(f"{path}/initdb", os.X_OK) and os.access(f"{path}/pg_ctl", os.X_OK):
             return path

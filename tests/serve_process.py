@@ -25,7 +25,9 @@ def serve_command(port: int, model: str = "builtin:tiny-qwen2", adapter_roots: S
 class ServeProcess:
     """with ServeProcess(log_dir, adapter_roots=[...]) as server: server.base_url, server.client, server.log()"""
 
-    def __init__(self, log_dir: Path, model: str = "builtin:tiny-qwen2", adapter_roots: Sequence[str] = (), extra: Sequence[str] = ()):
+    def __init__(
+        self, log_dir: Path, model: str = "builtin:tiny-qwen2", adapter_roots: Sequence[str] = (), extra: Sequence[str] = ()
+    ):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.client = VLLMClient(self.base_url, timeout_s=30)
@@ -38,7 +40,9 @@ class ServeProcess:
 
     def __enter__(self) -> "ServeProcess":
         with self.log_path.open("wb") as out:
-            self.proc = subprocess.Popen(self.command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy(), start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy(), start_new_session=True
+            )
         deadline = time.monotonic() + 120
         while not self.client.healthy():
             if self.proc.poll() is not None or time.monotonic() > deadline:

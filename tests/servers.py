@@ -59,7 +59,13 @@ def write_workspace(home: Path, module: str = "assets.definitions") -> Path:
     path = home / "workspace.yaml"
     locations = [
         {"python_module": {"module_name": module, "working_directory": str(REPO), "location_name": LOCATION}},
-        {"python_module": {"module_name": "assets.experiment_errors", "working_directory": str(REPO), "location_name": FILES_LOCATION}},
+        {
+            "python_module": {
+                "module_name": "assets.experiment_errors",
+                "working_directory": str(REPO),
+                "location_name": FILES_LOCATION,
+            }
+        },
     ]
     path.write_text(yaml.safe_dump({"load_from": locations}, sort_keys=False))
     return path
@@ -341,7 +347,9 @@ class GraphQLClient:
             """
             query Daemons { instance { daemonHealth { allDaemonStatuses { daemonType healthy required } } } }"""
         )
-        return {d["daemonType"]: bool(d["healthy"]) for d in data["instance"]["daemonHealth"]["allDaemonStatuses"] if d["required"]}
+        return {
+            d["daemonType"]: bool(d["healthy"]) for d in data["instance"]["daemonHealth"]["allDaemonStatuses"] if d["required"]
+        }
 
     # ---- waiting ---------------------------------------------------------------------------
 
@@ -355,13 +363,17 @@ class GraphQLClient:
     ) -> list[dict[str, Any]]:
         """Wait until at least `count` matching runs exist and all of them have finished; newest first."""
         return wait_until(
-            lambda: (rs := self.runs(tags=tags, job_name=job_name))
-            and len(rs) >= count
-            and all(r["status"] in TERMINAL_RUN_STATUSES for r in rs)
-            and rs,
+            lambda: (
+                (rs := self.runs(tags=tags, job_name=job_name))
+                and len(rs) >= count
+                and all(r["status"] in TERMINAL_RUN_STATUSES for r in rs)
+                and rs
+            ),
             timeout_s,
             poll_s,
-            lambda: f"runs {tags or ''} {job_name or ''}: {[(r['runId'][:8], r['status']) for r in self.runs(tags=tags, job_name=job_name)]}",
+            lambda: (
+                f"runs {tags or ''} {job_name or ''}: {[(r['runId'][:8], r['status']) for r in self.runs(tags=tags, job_name=job_name)]}"
+            ),
         )
 
     def wait_for_backfill(self, backfill_id: str, timeout_s: float = 180.0, poll_s: float = 1.0) -> dict[str, Any]:
@@ -449,7 +461,12 @@ class DagsterServers:
 
     def start(self, timeout_s: float = 180.0) -> "DagsterServers":
         migrate = subprocess.run(
-            [executable("dagster"), "instance", "migrate"], env=self.env, cwd=self.home, capture_output=True, text=True, timeout=300
+            [executable("dagster"), "instance", "migrate"],
+            env=self.env,
+            cwd=self.home,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         if migrate.returncode != 0:
             raise RuntimeError(f"dagster instance migrate failed:\n{migrate.stdout}\n{migrate.stderr}")
@@ -497,7 +514,12 @@ class DagsterServers:
             health = self.graphql.daemon_health()
             return bool(health) and all(health.values())
 
-        wait_until(daemon_healthy, timeout_s, 0.5, lambda: f"(daemon health {self.graphql.daemon_health()}):\n{self.log('daemon')[-4000:]}")
+        wait_until(
+            daemon_healthy,
+            timeout_s,
+            0.5,
+            lambda: f"(daemon health {self.graphql.daemon_health()}):\n{self.log('daemon')[-4000:]}",
+        )
 
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM each process group, wait, then SIGKILL what is left of the group."""

@@ -32,7 +32,12 @@ def tiny_grpo(**overrides) -> dict:
 
 
 # vLLM's LoRA adapts no lm_head: an openai_server experiment may not target it (tiny_grpo's does)
-SERVED_LORA = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "init_seed": 7}
+SERVED_LORA = {
+    "rank": 8,
+    "alpha": 16,
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "init_seed": 7,
+}
 
 
 def served(**overrides) -> dict:

@@ -110,11 +110,22 @@ BASES = {
         "n_samples": 2,
         "min_trials_per_step": 1,
         "task": {"kind": "verifiable_prompts", "source": {"kind": "synthetic", "ops": ["copy"], "n_eval": 2}},
-        "policy": {"base_model": "builtin:tiny-qwen2", "lora": {"rank": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"], "init_seed": 1}},
+        "policy": {
+            "base_model": "builtin:tiny-qwen2",
+            "lora": {"rank": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"], "init_seed": 1},
+        },
         "sampling": {"max_new_tokens": 2},
         "rubric": {"accuracy": 1.0, "format": 0.5},
         "grpo": {"learning_rate": 0.01, "kl_beta": 0.01},
-        "warmup": {"demos": 2, "steps": 2, "batch_size": 2, "learning_rate": 0.01, "target_accuracy": 1.0, "check_every": 1, "check_prompts": 2},
+        "warmup": {
+            "demos": 2,
+            "steps": 2,
+            "batch_size": 2,
+            "learning_rate": 0.01,
+            "target_accuracy": 1.0,
+            "check_every": 1,
+            "check_prompts": 2,
+        },
     },
 }
 
@@ -220,7 +231,9 @@ class Computations:
         return self.done[key]
 
 
-def audit(kind: str, folder: Path, judge_url: str, only: set[str] | None = None, outside: dict[str, str] = OUTSIDE_KEYS) -> tuple[list[str], int]:
+def audit(
+    kind: str, folder: Path, judge_url: str, only: set[str] | None = None, outside: dict[str, str] = OUTSIDE_KEYS
+) -> tuple[list[str], int]:
     """Every finding of every setting of the task's base experiment (only the settings in `only`,
     when given), and how many settings were changed. Each setting that should enter a key is
     changed and computed alone; those of OUTSIDE_KEYS all at once, and split in halves only when
@@ -236,7 +249,9 @@ def audit(kind: str, folder: Path, judge_url: str, only: set[str] | None = None,
             problems += _alone(change, computed, outside)
     problems += _together(base, together, computed, outside)
     if only is None:
-        problems += [f"{s}: no value of it validates; add one to _overrides, or the change to SKIP with why" for s in walk.unchangeable]
+        problems += [
+            f"{s}: no value of it validates; add one to _overrides, or the change to SKIP with why" for s in walk.unchangeable
+        ]
     return problems, len(every)
 
 
@@ -282,7 +297,9 @@ def _initial_prior_keyed_by_the_task_alone(exp, store):
     from dagster_rl.tasks.secret_search.records import TabularWeights
 
     priors = TabularWeights(version=0, doc_prior={w: uniform(exp.task.n_docs) for w in used_worlds(exp)})
-    return Weights("initial", store.put_model("weights", cache_key("weights", "tabular-uniform-1", task=exp.task), priors), priors, 0)
+    return Weights(
+        "initial", store.put_model("weights", cache_key("weights", "tabular-uniform-1", task=exp.task), priors), priors, 0
+    )
 
 
 def test_a_key_that_leaves_a_setting_out_is_named_with_the_artifact(tmp_path, judge, monkeypatch):
@@ -300,7 +317,11 @@ def test_a_key_that_leaves_a_setting_out_is_named_with_the_artifact(tmp_path, ju
     "outside, setting, said",
     [
         ({**OUTSIDE_KEYS, "seed": "claimed"}, "seed", "seed is in OUTSIDE_KEYS (claimed), but changing it changes the key of"),
-        ({k: v for k, v in OUTSIDE_KEYS.items() if k != "description"}, "description", "description changes no key and no stored byte"),
+        (
+            {k: v for k, v in OUTSIDE_KEYS.items() if k != "description"},
+            "description",
+            "description changes no key and no stored byte",
+        ),
     ],
 )
 def test_a_setting_in_a_key_and_the_list_or_in_neither_is_named(tmp_path, judge, outside, setting, said):
@@ -311,7 +332,9 @@ def test_a_setting_in_a_key_and_the_list_or_in_neither_is_named(tmp_path, judge,
 def test_the_content_of_a_prompt_file_is_in_the_keys_that_read_it(tmp_path, judge):
     """A file's content is an input as its settings are: the same path holding other answers."""
     source = {"kind": "gsm8k", "path": _gsm8k_file(tmp_path, "prompts.jsonl", 0), "n_eval": 2, "template": "{question}"}
-    plan = Plan({**BASES["verifiable_prompts"], "task": {"kind": "verifiable_prompts", "source": source}}, _environments(judge.base_url))
+    plan = Plan(
+        {**BASES["verifiable_prompts"], "task": {"kind": "verifiable_prompts", "source": source}}, _environments(judge.base_url)
+    )
     before = compute(plan, tmp_path / "before", _build)
     _gsm8k_file(tmp_path, "prompts.jsonl", 1)  # the same questions (the same prompt ids), other answers
     after = compute(plan, tmp_path / "after", _build)

@@ -60,7 +60,9 @@ print(sorted(m for m in ("torch", "peft", "transformers", "kubernetes", "dagster
 def imported_by(home, *argv: str) -> list[str]:
     env = {**os.environ, "DAGSTER_HOME": str(home)}
     env.pop("DAGSTER_RL_EXPERIMENTS", None)
-    done = subprocess.run([sys.executable, "-c", IMPORTED, *argv], env=env, capture_output=True, text=True, timeout=300, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORTED, *argv], env=env, capture_output=True, text=True, timeout=300, check=True
+    )
     return json.loads(done.stdout.splitlines()[-1].replace("'", '"'))
 
 
@@ -84,5 +86,7 @@ def test_train_runs_belong_to_the_workspace_location_that_loads_the_definitions(
     assert (origin.repository_origin.repository_name, origin.job_name) == ("__repository__", "demo_train")
     other = tmp_path / "workspace.yaml"
     other.write_text("load_from:\n  - python_module: {module_name: assets.experiment_errors, location_name: files}\n")
-    with pytest.raises(DagsterRLError, match=r"names no code location that loads the module assets.definitions \(its locations: files\)"):
+    with pytest.raises(
+        DagsterRLError, match=r"names no code location that loads the module assets.definitions \(its locations: files\)"
+    ):
         job_origin("demo_train", other)

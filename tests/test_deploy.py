@@ -19,7 +19,9 @@ from tests.instance_config import production_config, write_dagster_yaml
 # The official chart's values.schema.json at the pinned version (Dagster's chart ships one). It is
 # not vendored in this repository (public repositories' files stay out of it); the steering repo's
 # shared/ can hold it, or DAGSTER_HELM_SCHEMA can name a copy.
-CHART_SCHEMA = Path(os.environ.get("DAGSTER_HELM_SCHEMA", REPO.parent / "shared" / "reference" / "dagster-helm-1.13.27" / "values.schema.json"))
+CHART_SCHEMA = Path(
+    os.environ.get("DAGSTER_HELM_SCHEMA", REPO.parent / "shared" / "reference" / "dagster-helm-1.13.27" / "values.schema.json")
+)
 
 
 def resolve_env(value, env: dict[str, str]):
@@ -82,7 +84,9 @@ def test_the_pool_limit_of_every_experiment_is_one_on_the_production_instance(tm
         assert storage.get_concurrency_info(experiment_pool("b")).limit == 3
 
 
-@pytest.mark.skipif(not CHART_SCHEMA.exists(), reason=f"the official chart's values.schema.json (1.13.27) is not at {CHART_SCHEMA}")
+@pytest.mark.skipif(
+    not CHART_SCHEMA.exists(), reason=f"the official chart's values.schema.json (1.13.27) is not at {CHART_SCHEMA}"
+)
 def test_the_helm_values_are_valid_for_the_official_chart_schema():
     """Every key we set is one the chart knows, of the type it takes. Helm validates the values
     merged over the chart's defaults, which fill the schema's required fields; without the chart's
@@ -108,9 +112,15 @@ def _offline_registry(schema: dict):
     import kubernetes_validate
     from referencing import Registry, Resource
 
-    shipped = json.loads((Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / "v1.33.0-local" / "_definitions.json").read_text())
+    shipped = json.loads(
+        (Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / "v1.33.0-local" / "_definitions.json").read_text()
+    )
     # the chart's refs say #/definitions/<name>; kubernetes-validate's file says $defs (and refers to itself so)
-    definitions = {"definitions": shipped["$defs"], "$defs": shipped["$defs"], "$schema": "http://json-schema.org/draft-07/schema#"}
+    definitions = {
+        "definitions": shipped["$defs"],
+        "$defs": shipped["$defs"],
+        "$schema": "http://json-schema.org/draft-07/schema#",
+    }
 
     def retrieve(uri: str) -> Resource:
         if not uri.endswith("/_definitions.json"):
@@ -128,4 +138,6 @@ def test_kubernetes_definitions_the_chart_schema_refers_to_resolve_offline():
     validator = jsonschema.Draft7Validator(schema, registry=_offline_registry(schema))
     (code,) = yaml.safe_load(helm_chart.VALUES.read_text())["dagster-user-deployments"]["deployments"]
     assert list(validator.iter_errors({"resources": code["resources"]})) == []
-    assert [e.message for e in validator.iter_errors({"resources": {"limits": ["2Gi"]}})] == ["['2Gi'] is not of type 'object', 'null'"]
+    assert [e.message for e in validator.iter_errors({"resources": {"limits": ["2Gi"]}})] == [
+        "['2Gi'] is not of type 'object', 'null'"
+    ]

@@ -100,7 +100,9 @@ def test_docs_have_runnable_blocks_and_doc_tests():
 def test_shell_block_pastes_into_a_fresh_shell(block: Block):
     """`.venv/bin/...`, never a bare `dagster`/`dagster-rl` (not on PATH); a block that reads the
     instance sets an absolute DAGSTER_HOME itself (Dagster refuses a relative one)."""
-    code = "\n".join(line.split(" #")[0] for line in block.text.splitlines() if not line.lstrip().startswith("#"))  # comments may name commands
+    code = "\n".join(
+        line.split(" #")[0] for line in block.text.splitlines() if not line.lstrip().startswith("#")
+    )  # comments may name commands
     bare = BARE.findall(code)
     assert not bare, f"{block.where}: bare {bare[0]!r}: write .venv/bin/{bare[0]} (it is not on PATH)"
     if NEEDS_HOME.search(code):
@@ -122,8 +124,14 @@ def _copy_of_repo(tmp_path: Path, with_home: bool) -> Path:
     shutil.copytree(REPO / "experiments", root / "experiments")
     if not with_home:
         return root
-    made = subprocess.run(["make", "-s", f"{root}/.dagster_home/dagster.yaml"], cwd=root, env=_fresh_env(root), timeout=120,
-                          capture_output=True, text=True)  # the Makefile's DAGSTER_HOME is $(CURDIR)/.dagster_home
+    made = subprocess.run(
+        ["make", "-s", f"{root}/.dagster_home/dagster.yaml"],
+        cwd=root,
+        env=_fresh_env(root),
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )  # the Makefile's DAGSTER_HOME is $(CURDIR)/.dagster_home
     assert made.returncode == 0, made.stdout + made.stderr
     return root
 
@@ -148,8 +156,12 @@ def test_marked_blocks_run(doc: Path, tmp_path: Path):
     for block in tested:
         started = time.monotonic()
         result = subprocess.run(
-            ["bash", "-e", "-o", "pipefail", "-c", block.text], cwd=root, env=_fresh_env(root),
-            capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S,
+            ["bash", "-e", "-o", "pipefail", "-c", block.text],
+            cwd=root,
+            env=_fresh_env(root),
+            capture_output=True,
+            text=True,
+            timeout=BLOCK_TIMEOUT_S,
         )
         took.append(f"{block.where} {time.monotonic() - started:.1f} s")
         output = result.stdout + result.stderr

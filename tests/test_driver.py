@@ -102,7 +102,10 @@ def test_flaky_trials_and_judge_are_retried_and_change_nothing(lab, uninterrupte
 
 
 def test_a_trial_that_fails_after_its_retries_is_skipped(lab):
-    no_retries = {"rollout": RolloutEnvironment(max_retries=0), "judge": lambda store: JudgeEnvironment(artifact_store=store, max_retries=0)}
+    no_retries = {
+        "rollout": RolloutEnvironment(max_retries=0),
+        "judge": lambda store: JudgeEnvironment(artifact_store=store, max_retries=0),
+    }
     settings = demo_settings(
         faults={"flaky_trial_rate": 0.25, "judge_flake_rate": 0.2}, min_trials_per_step=6, checks={"min_usable_fraction": 0.2}
     )
@@ -172,7 +175,9 @@ def test_a_failing_blocking_check_stops_the_range_at_that_step(lab):
     assert "step 0000 of demo: blocking check(s) failed, the range stops here: enough_usable_trials:" in message
     assert sorted(strict.metadata("demo", "weights")) == ["0000"]  # materialized, checked, nothing after it
     assert strict.latest("demo", "weights", "0000")["checks_failed"] == "enough_usable_trials"
-    evaluations = {n: strict.check_evaluations("demo", n) for n in ("weights_finite", "rewards_in_bounds", "enough_usable_trials")}
+    evaluations = {
+        n: strict.check_evaluations("demo", n) for n in ("weights_finite", "rewards_in_bounds", "enough_usable_trials")
+    }
     assert {n: len(e) for n, e in evaluations.items()} == dict.fromkeys(evaluations, 1)
     evaluations = {n: e[0] for n, e in evaluations.items()}
     assert evaluations["weights_finite"].passed and evaluations["rewards_in_bounds"].passed
@@ -180,7 +185,11 @@ def test_a_failing_blocking_check_stops_the_range_at_that_step(lab):
     # each check's number under a name of its own: a fraction is never beside counts under one name
     numbers = {n: {k: v.value for k, v in e.metadata.items() if k != "message"} for n, e in evaluations.items()}
     usable = pytest.approx(strict.latest("demo", "weights", "0000")["n_trials"] / 24, rel=1e-7)
-    assert numbers == {"weights_finite": {"bad_weights": 0}, "rewards_in_bounds": {"rewards_out_of_bounds": 0}, "enough_usable_trials": {"usable_fraction": usable}}
+    assert numbers == {
+        "weights_finite": {"bad_weights": 0},
+        "rewards_in_bounds": {"rewards_out_of_bounds": 0},
+        "enough_usable_trials": {"usable_fraction": usable},
+    }
     # as the UI's Partitions tab shows them: the steps the stopped run never reached read "execution failed"
     stopped = ["0001", "0002", "0003"]
     assert strict.check_partition_statuses("demo", "enough_usable_trials") == {"FAILED": ["0000"], "EXECUTION_FAILED": stopped}
@@ -223,7 +232,10 @@ def test_a_rubric_only_fork_reuses_step_0_rollouts_and_regenerates_after(lab, un
         assert forked.latest("demo_tidy", "rollouts", step)["trials_executed"] == 24
     assert counters.read("trials_executed") - before.get("trials_executed", 0) == 2 * 24
     assert forked.latest("demo_tidy", "rewards", "0000")["rubric"]["tidiness"] == 1.0
-    fork_of = {e: forked.defs.resolve_assets_def(AssetKey([e, "weights"])).metadata_by_key[AssetKey([e, "weights"])]["fork_of"] for e in ("demo", "demo_tidy")}
+    fork_of = {
+        e: forked.defs.resolve_assets_def(AssetKey([e, "weights"])).metadata_by_key[AssetKey([e, "weights"])]["fork_of"]
+        for e in ("demo", "demo_tidy")
+    }
     assert fork_of == {"demo": "none", "demo_tidy": "demo"}  # what the asset's page shows: never a blank row
 
 
@@ -241,7 +253,10 @@ def test_a_fork_reuses_its_parents_steps_and_resumes_from_them_a_same_settings_c
     for step in STEPS[:4]:
         for asset in CHAIN:
             md = family.latest("demo_long", asset, step)
-            assert md["cache"] == "hit" and md["content_hash"] == uninterrupted.latest("demo", asset, step)["content_hash"], (step, asset)
+            assert md["cache"] == "hit" and md["content_hash"] == uninterrupted.latest("demo", asset, step)["content_hash"], (
+                step,
+                asset,
+            )
     assert counters.read("trials_executed") - before.get("trials_executed", 0) == 0
     stats = json.loads(family.store().get("weights", family.latest("demo_long", "weights", "0003")["artifact_key"], STATS))
     assert (stats["step"], stats["experiment"]) == (3, "demo")

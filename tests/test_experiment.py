@@ -31,7 +31,11 @@ def load(tmp_path, *raws):
         ({"rubric": {"tidiness": float("nan")}}, "rubric.tidiness", "Input should be a finite number"),
         # numbers are numbers (core/strict.py), with the fix in the message: what pydantic's strict mode does not say
         ({"seed": True}, "seed", "a number is required, not the boolean True"),
-        ({"grpo": {"learning_rate": "0.01"}}, "grpo.learning_rate", "a number is required, not the text '0.01': write it without quotes"),
+        (
+            {"grpo": {"learning_rate": "0.01"}},
+            "grpo.learning_rate",
+            "a number is required, not the text '0.01': write it without quotes",
+        ),
         ({"prompts_per_step": 1_000_000_000}, "prompts_per_step", "less than or equal to 32768"),
         ({"prompts_per_step": 20_000, "n_samples": 4}, "<root>", "= 80000 trials per step, more than the 65536 a step may plan"),
         ({"min_trials_per_step": 25}, "<root>", "min_trials_per_step=25 is more than the 24 trials a step plans"),
@@ -110,7 +114,12 @@ def test_two_files_with_one_name_are_both_refused_naming_both_and_the_others_sta
     files = read_experiments(folder)
     assert sorted(files.experiments) == ["other"]
     both = f"experiment name 'demo' is declared by 2 files, {folder / 'a_demo.yaml'} and {folder / 'demo.yaml'}"
-    assert files.errors == {str(folder / f): f"{folder / f}: {both}; a name is declared by one file only: give the other a name of its own (its `name:` field), or remove it" for f in ("a_demo.yaml", "demo.yaml")}
+    assert files.errors == {
+        str(
+            folder / f
+        ): f"{folder / f}: {both}; a name is declared by one file only: give the other a name of its own (its `name:` field), or remove it"
+        for f in ("a_demo.yaml", "demo.yaml")
+    }
 
 
 def _read_in_a_thread(folder, timeout_s: float = 30.0):
@@ -137,17 +146,31 @@ def test_only_regular_files_under_a_size_bound_are_read_and_the_others_stay_usab
     (folder / "sub.yaml").mkdir()
     files = _read_in_a_thread(folder)
     assert sorted(files.experiments) == ["demo"]
-    assert files.errors[str(folder / "fifo.yaml")] == f"{folder / 'fifo.yaml'}: not a regular file (it is a FIFO); an experiment file is a plain YAML file"
-    assert files.errors[str(folder / "zero.yaml")].endswith("zero.yaml: not a regular file (it is a character device); an experiment file is a plain YAML file")
-    assert files.errors[str(folder / "big.yaml")] == f"{folder / 'big.yaml'}: {(folder / 'big.yaml').stat().st_size} bytes, more than the 1048576 an experiment file may hold"
+    assert (
+        files.errors[str(folder / "fifo.yaml")]
+        == f"{folder / 'fifo.yaml'}: not a regular file (it is a FIFO); an experiment file is a plain YAML file"
+    )
+    assert files.errors[str(folder / "zero.yaml")].endswith(
+        "zero.yaml: not a regular file (it is a character device); an experiment file is a plain YAML file"
+    )
+    assert (
+        files.errors[str(folder / "big.yaml")]
+        == f"{folder / 'big.yaml'}: {(folder / 'big.yaml').stat().st_size} bytes, more than the 1048576 an experiment file may hold"
+    )
     assert "not a regular file (it is a folder)" in files.errors[str(folder / "sub.yaml")]
 
 
 @pytest.mark.parametrize(
     "text, said",
     [
-        ("name: demo\nn_steps: 4\nseed: 0\nn_steps: 8\n", "the key 'n_steps' is given twice in one mapping (lines 2 and 4); keep one"),
-        ("name: demo\ngrpo:\n  learning_rate: 1.0\n  learning_rate: 2.0\n", "the key 'learning_rate' is given twice in one mapping (lines 3 and 4); keep one"),
+        (
+            "name: demo\nn_steps: 4\nseed: 0\nn_steps: 8\n",
+            "the key 'n_steps' is given twice in one mapping (lines 2 and 4); keep one",
+        ),
+        (
+            "name: demo\ngrpo:\n  learning_rate: 1.0\n  learning_rate: 2.0\n",
+            "the key 'learning_rate' is given twice in one mapping (lines 3 and 4); keep one",
+        ),
     ],
 )
 def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path, text, said):
@@ -160,7 +183,9 @@ def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path, text, s
 
 def test_a_merge_key_may_be_overridden(tmp_path):
     folder = write_experiments(tmp_path / "exp")
-    raw = yaml.safe_dump(demo_settings()).replace("grpo:\n  learning_rate: 2.0", "grpo:\n  <<: {learning_rate: 1.0}\n  learning_rate: 2.0")
+    raw = yaml.safe_dump(demo_settings()).replace(
+        "grpo:\n  learning_rate: 2.0", "grpo:\n  <<: {learning_rate: 1.0}\n  learning_rate: 2.0"
+    )
     assert "<<:" in raw
     (folder / "demo.yaml").write_text(raw)
     assert read_experiments(folder).experiments["demo"].grpo.learning_rate == 2.0
@@ -172,7 +197,10 @@ def test_a_missing_experiments_folder_is_named_by_every_reader(tmp_path):
     missing = tmp_path / "nowhere"
     env = {"DAGSTER_RL_EXPERIMENTS": str(missing), "PATH": "/usr/bin:/bin", "DAGSTER_HOME": str(tmp_path)}
     named = f"{missing}: the experiments folder does not exist; experiments are read from a folder of YAML files (DAGSTER_RL_EXPERIMENTS={missing} names it"
-    for argv in ([str(Path(sys.executable).parent / "dagster-rl"), "status", "demo"], [sys.executable, "-c", "import assets.definitions"]):
+    for argv in (
+        [str(Path(sys.executable).parent / "dagster-rl"), "status", "demo"],
+        [sys.executable, "-c", "import assets.definitions"],
+    ):
         done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 1 and named in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith(f"dagster_rl code location: {named}"), done.stderr
@@ -211,12 +239,22 @@ TINY = "tiny_grpo"
         (TINY, {"policy": {"lora": {"alpha": 1e308}}}, "policy.lora", "alpha / rank = 1e+308 / 8"),
         (TINY, {"policy": {"lora": {"rank": 10**9}}}, "policy.lora.rank", "less than or equal to 16384 (got 1000000000)"),
         (TINY, {"generation_threads": 10**9}, "generation_threads", "less than or equal to 1024 (got 1000000000)"),
-        (TINY, {"task": {"eval_max_new_tokens": 10**9}}, "task.eval_max_new_tokens", "less than or equal to 32768 (got 1000000000)"),
+        (
+            TINY,
+            {"task": {"eval_max_new_tokens": 10**9}},
+            "task.eval_max_new_tokens",
+            "less than or equal to 32768 (got 1000000000)",
+        ),
         (TINY, {"grpo": {"betas": [0.9, 1e308]}}, "grpo.betas.1", "less than 1"),
         (TINY, {"grpo": {"betas": [0.9, "0.99"]}}, "grpo.betas.1", "a number is required, not the text '0.99'"),
         (TINY, {"grpo": {"kl_beta": 1e308}}, "grpo.kl_beta", "less than or equal to 100"),
         (TINY, {"sampling": {"temperature": 1e308}}, "sampling.temperature", "less than or equal to 100"),
-        (TINY, {"trainer": {"nproc_per_node": 64, "threads_per_process": 64}}, "trainer", "64 x 64 = 4096 threads on one node, more than the 1024"),
+        (
+            TINY,
+            {"trainer": {"nproc_per_node": 64, "threads_per_process": 64}},
+            "trainer",
+            "64 x 64 = 4096 threads on one node, more than the 1024",
+        ),
         # sizes multiply: trials x tokens, held-out prompts x tokens
         (
             TINY,
@@ -251,7 +289,10 @@ def test_yaml_numbers_are_numbers_and_text_is_never_one(tmp_path):
     loaded = load_experiments(folder)[TINY]
     assert loaded.grpo.learning_rate == 1e-3 and loaded.seed == 5000
     (folder / "quoted.yaml").write_text(yaml.safe_dump(demo_settings(name="quoted", n_steps="4")))
-    with pytest.raises(ExperimentError, match=r"quoted\.yaml: invalid experiment: field 'n_steps': a number is required, not the text '4': write it without quotes"):
+    with pytest.raises(
+        ExperimentError,
+        match=r"quoted\.yaml: invalid experiment: field 'n_steps': a number is required, not the text '4': write it without quotes",
+    ):
         load_experiments(folder)
 
 

@@ -14,10 +14,15 @@ from tests.settings import demo_settings, tiny_grpo
 from tests.test_driver import final_weights_bytes, step_rollouts_key
 
 STEPS = ["0000", "0001", "0002", "0003"]
-NO_RETRIES = {"rollout": RolloutEnvironment(max_retries=0), "judge": lambda store: JudgeEnvironment(artifact_store=store, max_retries=0)}
+NO_RETRIES = {
+    "rollout": RolloutEnvironment(max_retries=0),
+    "judge": lambda store: JudgeEnvironment(artifact_store=store, max_retries=0),
+}
 
 
-def test_a_step_with_failed_trials_is_partial_and_a_healthy_rerun_heals_it_to_the_clean_bytes(lab, uninterrupted, monkeypatch, capsys):
+def test_a_step_with_failed_trials_is_partial_and_a_healthy_rerun_heals_it_to_the_clean_bytes(
+    lab, uninterrupted, monkeypatch, capsys
+):
     # seeded: step 0000 loses trials s0-p2-n0 and s0-p5-n1 in generation and s0-p3-n0 in judging
     settings = demo_settings(faults={"flaky_trial_rate": 0.15, "judge_flake_rate": 0.1}, min_trials_per_step=6)
     flaky = lab("heal", settings, **NO_RETRIES)
@@ -32,7 +37,10 @@ def test_a_step_with_failed_trials_is_partial_and_a_healthy_rerun_heals_it_to_th
     generation_failed = partial.skipped
     assert generation_failed == ["s0-p2-n0", "s0-p5-n1"] and len(partial.trajectories) == 22
     assert first["0000"]["skipped_trials"] == 3
-    assert flaky.latest("demo", "rollouts", "0000")["content_hash"] != uninterrupted.latest("demo", "rollouts", "0000")["content_hash"]
+    assert (
+        flaky.latest("demo", "rollouts", "0000")["content_hash"]
+        != uninterrupted.latest("demo", "rollouts", "0000")["content_hash"]
+    )
 
     healthy = flaky.reopen()  # retries back: the same faults fire on first attempts only
     before = counters.snapshot()
@@ -99,7 +107,9 @@ def test_language_model_steps_store_trial_by_trial_too(lab):
     """The LM loop: generation failures are skipped, never cached; a healthy re-run generates only them."""
     clean = lab("lm_clean", tiny_grpo(**FOUR_BY_FOUR))
     assert clean.run("tiny_grpo", "0000", "0001").success
-    flaky = lab("lm_flaky", tiny_grpo(**FOUR_BY_FOUR, faults={"flaky_trial_rate": 0.3}), rollout=RolloutEnvironment(max_retries=0))
+    flaky = lab(
+        "lm_flaky", tiny_grpo(**FOUR_BY_FOUR, faults={"flaky_trial_rate": 0.3}), rollout=RolloutEnvironment(max_retries=0)
+    )
     assert flaky.run("tiny_grpo", "0000", "0001").success
     zero = flaky.latest("tiny_grpo", "rollouts", "0000")
     failed = zero["skipped_trials"]

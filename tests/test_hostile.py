@@ -71,7 +71,9 @@ def test_a_truncated_rollouts_file_is_found_by_verify_moved_aside_and_recomputed
     assert redone["cache"] == "miss" and redone["trials_executed"] == 24
     assert redone["content_hash"] == before["content_hash"]  # the same bytes: seeded trials
     assert counters.read("trials_executed") - again.get("trials_executed", 0) == 24
-    assert [p.name.split(".")[0] for p in (lab.home / "artifacts" / "quarantine" / "rollouts").iterdir()] == [before["artifact_key"]]
+    assert [p.name.split(".")[0] for p in (lab.home / "artifacts" / "quarantine" / "rollouts").iterdir()] == [
+        before["artifact_key"]
+    ]
     assert cli(lab, monkeypatch, capsys, "verify", "demo")[0] == 0
 
 
@@ -89,9 +91,14 @@ def test_truncated_weights_of_a_predecessor_are_moved_aside_and_the_error_says_w
 
     code, out = cli(lab, monkeypatch, capsys, "status", "demo")
     assert "experiment demo: 3 of 16 steps materialized" in out
-    assert re.search(r"^0002 +missing ", out, re.M) and "0002: its weights artifact(s) are not in the store (moved aside or deleted): re-run from step 0002" in out
+    assert (
+        re.search(r"^0002 +missing ", out, re.M)
+        and "0002: its weights artifact(s) are not in the store (moved aside or deleted): re-run from step 0002" in out
+    )
     assert lab.run("demo", "0002", "0003").success
-    assert lab.latest("demo", "weights", "0002")["artifact_key"] == key and lab.latest("demo", "weights", "0002")["cache"] == "miss"
+    assert (
+        lab.latest("demo", "weights", "0002")["artifact_key"] == key and lab.latest("demo", "weights", "0002")["cache"] == "miss"
+    )
 
 
 def test_a_data_file_deleted_under_its_manifest_is_recomputed_not_a_raw_error(four_steps):
@@ -101,7 +108,9 @@ def test_a_data_file_deleted_under_its_manifest_is_recomputed_not_a_raw_error(fo
     assert result.success
     assert lab.latest("demo", "rewards", "0003")["cache"] == "miss"
     warnings = [e.message for e in lab.instance.all_logs(result.run_id) if e.level >= 30]
-    assert any("its file data.json is missing, though its manifest lists it. It was moved aside to" in w for w in warnings), warnings
+    assert any("its file data.json is missing, though its manifest lists it. It was moved aside to" in w for w in warnings), (
+        warnings
+    )
 
 
 # ---- 5. metadata is never a path -------------------------------------------------------------
@@ -120,10 +129,15 @@ def test_a_tampered_artifact_key_in_metadata_is_refused_naming_it(four_steps, mo
         )
     )
     message = failure_message(lab.run("demo", "0004", "0004", raise_on_error=False))
-    assert "artifact key of demo/weights 0003 '../../evil/w' is not a 64-digit hex content key; refusing to build a path" in message
-    assert lab.instance.get_run_by_id(lab.instance.get_run_records()[0].dagster_run.run_id).tags[
-        "dagster/retry_on_asset_or_op_failure"
-    ] == "false"
+    assert (
+        "artifact key of demo/weights 0003 '../../evil/w' is not a 64-digit hex content key; refusing to build a path" in message
+    )
+    assert (
+        lab.instance.get_run_by_id(lab.instance.get_run_records()[0].dagster_run.run_id).tags[
+            "dagster/retry_on_asset_or_op_failure"
+        ]
+        == "false"
+    )
     code, out = cli(lab, monkeypatch, capsys, "lineage", "demo", "3")
     assert code == 1 and "'../../evil/w' is not a 64-digit hex content key" in out
 
@@ -198,14 +212,24 @@ def test_rollouts_changed_with_their_manifest_are_caught_by_verify_and_stop_the_
 
     code, out = cli(lab, monkeypatch, capsys, "verify", "demo")
     assert code == 1 and ": 1 bad" in out, out
-    assert f"BAD rollouts 0001: artifact rollouts/{before['artifact_key']}: the materialization recorded content hash {before['content_hash']}, the store holds {stored}" in out
+    assert (
+        f"BAD rollouts 0001: artifact rollouts/{before['artifact_key']}: the materialization recorded content hash {before['content_hash']}, the store holds {stored}"
+        in out
+    )
     assert "`dagster-rl verify demo --repair` moves the bad artifacts aside" in out and "re-run from step 0001" in out
     code, out = cli(lab, monkeypatch, capsys, "lineage", "demo", "3")  # issue 24: lineage flags it as verify does
-    assert code == 1 and f"  MISMATCH rollouts 0001: artifact rollouts/{before['artifact_key']}: the materialization recorded content hash {before['content_hash']}, the store holds {stored}" in out, out
+    assert (
+        code == 1
+        and f"  MISMATCH rollouts 0001: artifact rollouts/{before['artifact_key']}: the materialization recorded content hash {before['content_hash']}, the store holds {stored}"
+        in out
+    ), out
     assert "1 mismatch(es) with what Dagster recorded" in out and "re-run from step 0001" in out
 
     message = failure_message(lab.run("demo", "0000", "0003", raise_on_error=False))
-    assert f"artifact rollouts/{before['artifact_key']} is not what Dagster recorded: the materialization of demo/rollouts 0001 recorded content hash {before['content_hash']}, the store holds {stored}" in message
+    assert (
+        f"artifact rollouts/{before['artifact_key']} is not what Dagster recorded: the materialization of demo/rollouts 0001 recorded content hash {before['content_hash']}, the store holds {stored}"
+        in message
+    )
     assert "It was moved aside to" in message and "Then re-run the range from step 0001." in message
     assert lab.latest("demo", "rollouts", "0001")["content_hash"] == before["content_hash"], "nothing was materialized from it"
     assert lab.run("demo", "0000", "0003").success  # the fix the error names
@@ -225,7 +249,10 @@ def test_predecessor_weights_changed_with_their_manifest_are_refused_naming_both
     tamper(artifact_dir(lab, "weights", "0002"), all_mass_on_doc_0)
     stored = lab.store().ref("weights", md["artifact_key"]).content_hash
     message = failure_message(lab.run("demo", "0003", "0003", raise_on_error=False))
-    assert f"the materialization of demo/weights 0002 recorded content hash {md['content_hash']}, the store holds {stored}" in message
+    assert (
+        f"the materialization of demo/weights 0002 recorded content hash {md['content_hash']}, the store holds {stored}"
+        in message
+    )
     assert "Then re-run the range from step 0002." in message
     assert lab.run("demo", "0002", "0003").success
     assert lab.latest("demo", "weights", "0002")["content_hash"] == md["content_hash"]
@@ -236,7 +263,9 @@ def report(lab, name: str, partition: str, metadata: dict) -> None:
     from dagster import MetadataValue
 
     values = {k: MetadataValue.json(v) if isinstance(v, dict) else v for k, v in metadata.items()}
-    lab.instance.report_runless_asset_event(AssetMaterialization(asset_key=AssetKey([name, "weights"]), partition=partition, metadata=values))
+    lab.instance.report_runless_asset_event(
+        AssetMaterialization(asset_key=AssetKey([name, "weights"]), partition=partition, metadata=values)
+    )
 
 
 def test_another_steps_weights_reported_as_the_predecessor_are_refused(four_steps, monkeypatch, capsys):
@@ -252,10 +281,16 @@ def test_another_steps_weights_reported_as_the_predecessor_are_refused(four_step
     ), out
     assert "then re-run from step 0003" in out
     code, out = cli(lab, monkeypatch, capsys, "lineage", "demo", "3")  # it printed step 0001's chain under 0003's name, unflagged
-    assert code == 1 and f"  MISMATCH weights 0003: the materialization of demo/weights 0003 names artifact weights/{one['artifact_key']}" in out, out
+    assert (
+        code == 1
+        and f"  MISMATCH weights 0003: the materialization of demo/weights 0003 names artifact weights/{one['artifact_key']}"
+        in out
+    ), out
     assert "1 mismatch(es) with what Dagster recorded" in out and "re-run from step 0003." in out, out
     done = lineage_into_a_closed_pipe(lab, "demo", "3")  # `lineage demo 3 | head -1`: it exited 0 without its summary
-    assert done.returncode == 1 and "1 mismatch(es) with what Dagster recorded" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert (
+        done.returncode == 1 and "1 mismatch(es) with what Dagster recorded" in done.stderr and "Traceback" not in done.stderr
+    ), done.stderr
     result = lab.run("demo", "0004", "0004", raise_on_error=False)
     message = failure_message(result)
     assert (
@@ -312,7 +347,10 @@ def test_another_experiments_weights_reported_as_the_predecessor_are_refused(lab
     theirs = both.latest("other", "weights", "0001")
     report(both, "demo", "0001", {**theirs, "training_hash": both.experiments["demo"].training_hash()})
     message = failure_message(both.run("demo", "0002", "0002", raise_on_error=False))
-    assert f"points to artifact weights/{theirs['artifact_key']}, which step 0001 of experiment other trained (stats.json)" in message
+    assert (
+        f"points to artifact weights/{theirs['artifact_key']}, which step 0001 of experiment other trained (stats.json)"
+        in message
+    )
     assert "step 0002 of demo trains only from the weights of step 0001 of demo" in message
 
 
@@ -395,7 +433,9 @@ def test_without_dagster_home_the_code_location_and_the_cli_refuse_with_the_line
         [sys.executable, "-c", "import assets.definitions"],
         [str(Path(sys.executable).parent / "dagster-rl"), "status", "demo"],
     ):
-        done = subprocess.run(argv, cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            argv, cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120
+        )
         assert done.returncode != 0, (argv, done.stdout, done.stderr)
         assert "DAGSTER_HOME is not set" in done.stderr and "export DAGSTER_HOME=$PWD/.dagster_home" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr, done.stderr  # issue 24: one message, no traceback before it
@@ -409,18 +449,47 @@ def test_every_error_of_train_and_of_the_code_location_is_one_message(lab, tmp_p
     env = {**os.environ, "DAGSTER_HOME": str(home), "DAGSTER_RL_EXPERIMENTS": str(home / "experiments")}
     env["DAGSTER_RL_JUDGE_URL"] = "http://127.0.0.1:9/v1"
     env.pop("DAGSTER_RL_JUDGE_MODEL", None)
-    done = subprocess.run([str(Path(sys.executable).parent / "dagster-rl"), "train", "demo", "0000...0000"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    said = "DAGSTER_RL_JUDGE_URL is set, so the judge is an LLM over that endpoint: set DAGSTER_RL_JUDGE_MODEL to its model's name"
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster-rl"), "train", "demo", "0000...0000"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    said = (
+        "DAGSTER_RL_JUDGE_URL is set, so the judge is an LLM over that endpoint: set DAGSTER_RL_JUDGE_MODEL to its model's name"
+    )
     assert done.returncode == 1 and done.stderr == f"dagster-rl: {said}\n", done.stderr
-    debug = subprocess.run([str(Path(sys.executable).parent / "dagster-rl"), "--debug", "train", "demo", "0000...0000"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    debug = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster-rl"), "--debug", "train", "demo", "0000...0000"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert debug.returncode == 1 and "Traceback" in debug.stderr and said in debug.stderr  # --debug: the traceback too
 
     env.pop("DAGSTER_HOME")
     env.pop("DAGSTER_RL_JUDGE_URL")
-    argv = [str(Path(sys.executable).parent / "dagster"), "asset", "materialize", "-m", "assets.definitions", "--select", "group:demo", "--partition", "0000"]
+    argv = [
+        str(Path(sys.executable).parent / "dagster"),
+        "asset",
+        "materialize",
+        "-m",
+        "assets.definitions",
+        "--select",
+        "group:demo",
+        "--partition",
+        "0000",
+    ]
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.rstrip().endswith("(`make demo` and `make ui` use .dagster_home)") and "dagster_rl code location: DAGSTER_HOME is not set" in done.stderr
+    assert (
+        done.stderr.rstrip().endswith("(`make demo` and `make ui` use .dagster_home)")
+        and "dagster_rl code location: DAGSTER_HOME is not set" in done.stderr
+    )
 
 
 def test_a_sandbox_root_that_is_a_file_fails_the_run_naming_it(lab, tmp_path):
@@ -443,8 +512,12 @@ def test_weights_stored_before_they_recorded_their_experiment_say_to_start_from_
     from dagster_rl.core.experiment_files import parse_experiment
 
     exp = parse_experiment(demo_settings())
-    _check_trained_by(exp, "0002", "k" * 64, {"step": 2, "experiment": "demo"}, "re-run the range from step 0002")  # its own: accepted
+    _check_trained_by(
+        exp, "0002", "k" * 64, {"step": 2, "experiment": "demo"}, "re-run the range from step 0002"
+    )  # its own: accepted
     with pytest.raises(MissingPredecessorError, match=r"names step 2 but no experiment; .* To fix, re-run the range from 0000"):
         _check_trained_by(exp, "0002", "k" * 64, {"step": 2}, "re-run the range from step 0002")
-    with pytest.raises(MissingPredecessorError, match=r"holds no record of a training step \(stats.json\): initial or warm-up weights"):
+    with pytest.raises(
+        MissingPredecessorError, match=r"holds no record of a training step \(stats.json\): initial or warm-up weights"
+    ):
         _check_trained_by(exp, "0002", "k" * 64, {}, "re-run the range from step 0002")

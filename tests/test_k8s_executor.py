@@ -72,7 +72,9 @@ def cluster_home(tmp_path, monkeypatch):
     fake = FakeKubernetes()
     production = DagsterKubernetesClient.production_client
     monkeypatch.setattr(
-        DagsterKubernetesClient, "production_client", staticmethod(lambda **_: production(batch_api_override=fake.batch, core_api_override=fake.core))
+        DagsterKubernetesClient,
+        "production_client",
+        staticmethod(lambda **_: production(batch_api_override=fake.batch, core_api_override=fake.core)),
     )
     yield home, fake
     fake.close()
@@ -112,14 +114,24 @@ def test_a_second_run_of_an_experiment_waits_for_the_first_under_k8s_job_executo
         computed = [(r.asset_materialization.partition, r.run_id) for r in records]
         steps = ["0000", "0001", "0002", "0003"]
         # each run reported every step; the second only once the first had finished: cache hits
-        assert [p for p, r in computed if r == runs["first"]] == steps and [p for p, r in computed if r == runs["second"]] == steps
+        assert [p for p, r in computed if r == runs["first"]] == steps and [
+            p for p, r in computed if r == runs["second"]
+        ] == steps
         assert computed.index(("0000", runs["second"])) > computed.index(("0003", runs["first"]))
         second_log = [e for e in instance.all_logs(runs["second"])]
-        blocked = [e.message for e in second_log if "blocked" in (e.message or "").lower() and experiment_pool(EXPERIMENT) in (e.message or "")]
+        blocked = [
+            e.message
+            for e in second_log
+            if "blocked" in (e.message or "").lower() and experiment_pool(EXPERIMENT) in (e.message or "")
+        ]
         assert blocked, [e.message for e in second_log][:60]
         waited = [e.message for e in second_log if f"Run {runs['first']} of experiment {EXPERIMENT}" in (e.message or "")]
         assert waited and "this run waits for it" in waited[0]
-        hits = [e.dagster_event.event_specific_data.materialization.metadata for e in second_log if e.dagster_event and e.dagster_event.event_type == DagsterEventType.ASSET_MATERIALIZATION]
+        hits = [
+            e.dagster_event.event_specific_data.materialization.metadata
+            for e in second_log
+            if e.dagster_event and e.dagster_event.event_type == DagsterEventType.ASSET_MATERIALIZATION
+        ]
         assert hits and all(m["cache"].value == "hit" for m in hits if "cache" in m), hits
     # two step Jobs, one per run, the second created after the first one's pod ended
     assert len(step_jobs()) == 2

@@ -64,7 +64,10 @@ CLUSTER = ClusterSettings(
 
 
 def test_every_manifest_in_deploy_is_valid_for_kubernetes_1_33():
-    found = {p.relative_to(REPO).as_posix(): [d["kind"] for d in documents(p)] for p in sorted((REPO / "deploy" / "k8s").glob("*.yaml"))}
+    found = {
+        p.relative_to(REPO).as_posix(): [d["kind"] for d in documents(p)]
+        for p in sorted((REPO / "deploy" / "k8s").glob("*.yaml"))
+    }
     assert found == {
         "deploy/k8s/rbac.yaml": ["ServiceAccount", "Role", "RoleBinding"],
         "deploy/k8s/storage.yaml": ["PersistentVolumeClaim"],
@@ -105,7 +108,10 @@ def test_the_trainer_job_and_service_of_the_gpu_experiment():
     assert cmd[cmd.index("--master-addr") + 1] == "$(MASTER_ADDR)" and cmd[cmd.index("--master-port") + 1] == "$(MASTER_PORT)"
     assert cmd[-3:] == ["-m", "dagster_rl.tasks.lm.train.entrypoint", "/data/trainer-jobs/dagster-rl-train-x/job.json"]
     # what the experiment asked of each pod, and where the deployment puts it
-    assert container["resources"] == {"requests": {"cpu": "6", "memory": "48Gi"}, "limits": {"memory": "48Gi", "nvidia.com/gpu": 1}}
+    assert container["resources"] == {
+        "requests": {"cpu": "6", "memory": "48Gi"},
+        "limits": {"memory": "48Gi", "nvidia.com/gpu": 1},
+    }
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -148,7 +154,10 @@ def test_the_driver_step_pod_is_what_the_experiment_declares():
     )
     body = kubernetes.client.ApiClient().sanitize_for_serialization(job)
     validate(body)
-    assert body["spec"]["template"]["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "16Gi"}}
+    assert body["spec"]["template"]["spec"]["containers"][0]["resources"] == {
+        "requests": {"cpu": "4", "memory": "16Gi"},
+        "limits": {"memory": "16Gi"},
+    }
     assert "dagster-k8s/config" not in build_driver(load_experiments(REPO / "experiments")["demo"]).op.tags
 
 
@@ -164,7 +173,9 @@ def test_the_helm_values_deploy_the_code_location_the_launcher_and_postgres():
     assert set(env) == known and env[deployment.EXECUTOR] == "k8s"
     assert env[deployment.K8S_IMAGE] == f"{code['image']['repository']}:{code['image']['tag']}"
     storage = documents(REPO / "deploy" / "k8s" / "storage.yaml")[0]
-    assert code["volumes"][0]["persistentVolumeClaim"]["claimName"] == storage["metadata"]["name"] == env[deployment.STORAGE_CLAIM]
+    assert (
+        code["volumes"][0]["persistentVolumeClaim"]["claimName"] == storage["metadata"]["name"] == env[deployment.STORAGE_CLAIM]
+    )
     assert code["volumeMounts"][0]["mountPath"] == env[deployment.STORAGE_PATH]
     rbac = {d["kind"]: d for d in documents(REPO / "deploy" / "k8s" / "rbac.yaml")}
     assert rbac["ServiceAccount"]["metadata"]["name"] == env[deployment.K8S_SERVICE_ACCOUNT]
@@ -179,7 +190,9 @@ def test_the_helm_values_deploy_the_code_location_the_launcher_and_postgres():
     validate(pod)
     # vLLM reads the adapters and the model on the same volume, at the same path
     vllm = documents(REPO / "deploy" / "k8s" / "vllm.yaml")[0]["spec"]["template"]["spec"]
-    assert {v["persistentVolumeClaim"]["claimName"] for v in vllm["volumes"] if "persistentVolumeClaim" in v} == {storage["metadata"]["name"]}
+    assert {v["persistentVolumeClaim"]["claimName"] for v in vllm["volumes"] if "persistentVolumeClaim" in v} == {
+        storage["metadata"]["name"]
+    }
     args = vllm["containers"][0]["args"]
     assert args[0] == qwen().policy.base_model and "--enable-lora" in args and "--logprobs-mode=processed_logprobs" in args
     assert "--generation-config=vllm" in args and f"--dtype={qwen().policy.dtype}" in args
@@ -196,7 +209,11 @@ def test_the_dockerfile_pins_torch_and_the_smoke_test_is_valid_bash():
     if shutil.which("shellcheck"):
         subprocess.run(["shellcheck", str(REPO / "deploy" / "smoke-test.sh")], check=True)
     smoke = yaml.safe_load((REPO / "deploy" / "smoke" / "smoke_k8s.yaml").read_text())
-    assert smoke["trainer"]["backend"] == "k8s" and smoke["trainer"]["nodes"] == 2 and smoke["policy"]["base_model"] == "builtin:tiny-qwen2"
+    assert (
+        smoke["trainer"]["backend"] == "k8s"
+        and smoke["trainer"]["nodes"] == 2
+        and smoke["policy"]["base_model"] == "builtin:tiny-qwen2"
+    )
 
 
 def test_the_gpu_experiment_loads_without_its_model_and_fails_clearly_when_run(lab):
@@ -281,7 +298,9 @@ def run_and_step_pods(values: dict, monkeypatch) -> tuple[dict, dict]:
     run_pod = pod(launcher.get_container_context_for_run(run), "dagster-run-5f0c3c1e", "run_worker")
     driver = build_driver(qwen())
     step_key = driver.op.name
-    handler = K8sStepHandler(image=None, container_context=K8sContainerContext(), load_incluster_config=True, kubeconfig_file=None)
+    handler = K8sStepHandler(
+        image=None, container_context=K8sContainerContext(), load_incluster_config=True, kubeconfig_file=None
+    )
     step_context = SimpleNamespace(
         dagster_run=run,
         instance=SimpleNamespace(run_launcher=launcher),
@@ -317,7 +336,11 @@ def test_the_run_and_step_pods_run_as_the_account_that_rbac_binds(monkeypatch):
     assert missing == [], f"the run and step pods run as {account}, which deploy/k8s/rbac.yaml does not allow {missing}"
     assert account == (values.get("global") or {}).get("serviceAccountName") == "dagster-rl"
     (code,) = values["dagster-user-deployments"]["deployments"]
-    assert helm_chart.top_service_account(values, RELEASE) == helm_chart.code_server_service_account(values, RELEASE, code) == account
+    assert (
+        helm_chart.top_service_account(values, RELEASE)
+        == helm_chart.code_server_service_account(values, RELEASE, code)
+        == account
+    )
     assert helm_chart.created_service_accounts(values, RELEASE) == [account]  # the chart creates it, once
     assert helm_chart.run_launcher_config(values, RELEASE, NAMESPACE)["service_account_name"] == account
     run_pod, step_pod = run_and_step_pods(values, monkeypatch)
@@ -420,5 +443,9 @@ def test_a_trainer_sessions_job_lives_for_the_range():
     validate(job)
     validate(headless_service(spec, CLUSTER, name))
     assert job["spec"]["activeDeadlineSeconds"] == 3600 * exp.n_steps and job["spec"]["backoffLimit"] == 0
-    assert job["spec"]["template"]["spec"]["containers"][0]["command"][-3:] == ["-m", "dagster_rl.tasks.lm.train.entrypoint", "/data/trainer-jobs/dagster-rl-session-x"]
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][-3:] == [
+        "-m",
+        "dagster_rl.tasks.lm.train.entrypoint",
+        "/data/trainer-jobs/dagster-rl-session-x",
+    ]
     assert LMTrainer(nproc_per_node=1).pod_job(exp, Path("/x"), step=17, session=0).name == f"{exp.name}-s0017"

@@ -81,7 +81,9 @@ def test_two_pods_of_torchrun_train_the_step_the_local_torchrun_trainer_trains(l
     same world size on one machine. (That torchrun trains what the in-process trainer trains, to float
     rounding, is test_lm_driver's and test_lm_ddp's.)"""
     pods = {"cpu": "1", "memory": "2Gi", "shm_size": "1Gi", "node_selector": {"pool": "gpu"}}
-    settings = shipped_settings("tiny_grpo", **TINY_PLUMBING, trainer={"backend": "k8s", "nodes": 2, "nproc_per_node": 1, "pods": pods})
+    settings = shipped_settings(
+        "tiny_grpo", **TINY_PLUMBING, trainer={"backend": "k8s", "nodes": 2, "nproc_per_node": 1, "pods": pods}
+    )
     two = lab("pods", settings, trainer=TrainerEnvironment(launcher=PipesTorchrunLauncher(), k8s=launcher(tmp_path)))
     result = two.run("tiny_grpo", "0000", "0000")
     assert result.success, failure_message(result)
@@ -108,7 +110,14 @@ def test_two_pods_of_torchrun_train_the_step_the_local_torchrun_trainer_trains(l
     # create the Service and the Job (the Service then owned by the Job), read pod 0, delete all
     job = next(obj.split("/", 1)[1] for verb, obj in cluster.calls if obj.startswith("job/"))
     assert job.startswith("drl-tiny-grpo-s0000-") and job.endswith("-a0")
-    assert lifecycle(cluster.calls, job) == ["create service", "create job", "patch service", "delete job", "delete pod", "delete service"]
+    assert lifecycle(cluster.calls, job) == [
+        "create service",
+        "create job",
+        "patch service",
+        "delete job",
+        "delete pod",
+        "delete service",
+    ]
     assert [c for c in cluster.calls if c[0] == "delete" and c[1].startswith("pod/")].__len__() == 2
     nothing_left(cluster)
 
@@ -144,7 +153,12 @@ REPORT = (
 
 def _materialize(job: PodJob, cluster, tmp_path, on_status=None, **kw):
     instance = DagsterInstance.ephemeral()
-    result = materialize([_pods_asset(job, cluster, on_status)], resources={"k8s": launcher(tmp_path, **kw)}, instance=instance, raise_on_error=False)
+    result = materialize(
+        [_pods_asset(job, cluster, on_status)],
+        resources={"k8s": launcher(tmp_path, **kw)},
+        instance=instance,
+        raise_on_error=False,
+    )
     logs = [e.message for e in instance.all_logs(result.run_id)]
     return result, logs
 
@@ -169,7 +183,14 @@ def test_a_failed_pod_restarts_the_whole_set_and_every_attempt_is_cleaned_up(clu
     created = [obj.split("/", 1)[1] for verb, obj in cluster.calls if verb == "create" and obj.startswith("job/")]
     assert len(created) == 2 and created[0].endswith("-a0") and created[1].endswith("-a1")
     for name in created:
-        assert lifecycle(cluster.calls, name) == ["create service", "create job", "patch service", "delete job", "delete pod", "delete service"]
+        assert lifecycle(cluster.calls, name) == [
+            "create service",
+            "create job",
+            "patch service",
+            "delete job",
+            "delete pod",
+            "delete service",
+        ]
     assert any("failed, 1 whole-set restart(s) left" in m for m in logs)
     # pod 0 of the attempt that succeeded reported, and resolved its own DNS name through the Service
     messages = json.loads(next(m for m in logs if m.startswith("messages: "))[len("messages: ") :])
@@ -282,7 +303,9 @@ def test_pod_0_is_found_on_a_cluster_older_than_kubernetes_1_28(tmp_path):
         job = PodJob(name="old-cluster", nodes=2, command=(sys.executable, "-c", REPORT))
         result, logs = _materialize(job, fake, tmp_path)
         assert result.success, failure_message(result)
-        assert json.loads(next(m for m in logs if m.startswith("messages: "))[len("messages: ") :]) == [{"master": "127.0.0.1", "index": "0"}]
+        assert json.loads(next(m for m in logs if m.startswith("messages: "))[len("messages: ") :]) == [
+            {"master": "127.0.0.1", "index": "0"}
+        ]
         nothing_left(fake)
         assert fake.denied == []
     finally:
@@ -354,7 +377,14 @@ def test_a_session_of_three_steps_is_one_job_whose_pods_survive_a_restart_byte_i
     created = [obj.split("/", 1)[1] for verb, obj in cluster.calls if verb == "create" and obj.startswith("job/")]
     assert killed == created[:1] and len(created) == 2 and created[0].endswith("-a0") and created[1].endswith("-a1")
     for name in created:
-        assert lifecycle(cluster.calls, name) == ["create service", "create job", "patch service", "delete job", "delete pod", "delete service"]
+        assert lifecycle(cluster.calls, name) == [
+            "create service",
+            "create job",
+            "patch service",
+            "delete job",
+            "delete pod",
+            "delete service",
+        ]
     logs = [e.message for e in pods.instance.all_logs(result.run_id)]
     assert any(f"trainer session Job {created[0]} failed, 1 whole-set restart(s) left" in m for m in logs)
     reported = [m for m in logs if m.startswith("trainer rank 0 reported: ")]
@@ -367,7 +397,9 @@ def test_a_session_of_three_steps_is_one_job_whose_pods_survive_a_restart_byte_i
     assert list((tmp_path / "shared" / "trainer-jobs").iterdir()) == []  # the session folder went with it
 
 
-WAIT_FOR_STOP = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\nprint('stopped', flush=True)\n"
+WAIT_FOR_STOP = (
+    "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\nprint('stopped', flush=True)\n"
+)
 
 
 def _session_asset(job: PodJob, cluster: FakeKubernetes, steps: int = 3, during=None, on_status=None):
@@ -394,14 +426,22 @@ def _session_asset(job: PodJob, cluster: FakeKubernetes, steps: int = 3, during=
             raise
         Path(job.command[-1]).write_text("")
         workers.close(30)
-        context.log.info(f"jobs: {json.dumps([o.split('/', 1)[1] for v, o in cluster.calls if v == 'create' and o.startswith('job/')])}")
+        context.log.info(
+            f"jobs: {json.dumps([o.split('/', 1)[1] for v, o in cluster.calls if v == 'create' and o.startswith('job/')])}"
+        )
 
     return trainer_session
 
 
 def _session_job(tmp_path, name: str, max_restarts: int = 0) -> PodJob:
     stop = tmp_path / f"{name}.stop"
-    return PodJob(name=name, nodes=2, command=(sys.executable, "-c", WAIT_FOR_STOP, str(stop)), max_restarts=max_restarts, active_deadline_s=600)
+    return PodJob(
+        name=name,
+        nodes=2,
+        command=(sys.executable, "-c", WAIT_FOR_STOP, str(stop)),
+        max_restarts=max_restarts,
+        active_deadline_s=600,
+    )
 
 
 def _materialize_session(asset_def, cluster, tmp_path):
@@ -415,7 +455,14 @@ def test_a_session_job_lives_for_the_range_and_its_pods_exit_when_told(cluster, 
     result, logs = _materialize_session(_session_asset(job, cluster), cluster, tmp_path)
     assert result.success, failure_message(result)
     [name] = json.loads(next(m for m in logs if m.startswith("jobs: "))[len("jobs: ") :])
-    assert lifecycle(cluster.calls, name) == ["create service", "create job", "patch service", "delete job", "delete pod", "delete service"]
+    assert lifecycle(cluster.calls, name) == [
+        "create service",
+        "create job",
+        "patch service",
+        "delete job",
+        "delete pod",
+        "delete service",
+    ]
     pods = [p for p in cluster.deleted_pods if p.job == name]
     assert len(pods) == 2 and all(p.exit_code == 0 and not p.killed for p in pods)  # they exited on their own, then were deleted
     nothing_left(cluster)
@@ -454,7 +501,9 @@ def test_a_sessions_restarts_are_counted_per_step(cluster, tmp_path):
     result, _ = _materialize_session(_session_asset(job, cluster, during=lose_two_pods_in_step_1), cluster, tmp_path)
     assert not result.success
     message = failure_message(result)
-    assert "failed 2 time(s) during one step (1 restart(s) allowed)" in message and "attempt 0" in message and "attempt 1" in message
+    assert (
+        "failed 2 time(s) during one step (1 restart(s) allowed)" in message and "attempt 0" in message and "attempt 1" in message
+    )
     assert error_classes(result, "trainer_session") >= {PodJobFailed.__name__}
     nothing_left(cluster)
 
@@ -477,7 +526,9 @@ def test_a_terminated_run_deletes_its_sessions_job_and_service(cluster, tmp_path
             context.instance.report_run_canceling(run)
 
     job = _session_job(tmp_path, f"stopped-{how}")
-    (result, _), took = _within(60, cluster, lambda: _materialize_session(_session_asset(job, cluster, steps=20, on_status=stop), cluster, tmp_path))
+    (result, _), took = _within(
+        60, cluster, lambda: _materialize_session(_session_asset(job, cluster, steps=20, on_status=stop), cluster, tmp_path)
+    )
     assert not result.success and took < 30
     if how == "canceling":
         assert error_classes(result, "trainer_session") >= {PodJobTerminated.__name__}

@@ -61,7 +61,9 @@ def test_no_import_cycle_between_project_modules():
 def test_the_library_never_imports_the_dagster_layer():
     up = {(m, i) for m, deps in graph().items() if m.startswith("dagster_rl") for i in deps if i.split(".")[0] != "dagster_rl"}
     assert up == set()
-    dagster_in_library = [p for p in (REPO / "dagster_rl").rglob("*.py") if re.search(r"^\s*(from|import) dagster\b", p.read_text(), re.M)]
+    dagster_in_library = [
+        p for p in (REPO / "dagster_rl").rglob("*.py") if re.search(r"^\s*(from|import) dagster\b", p.read_text(), re.M)
+    ]
     assert dagster_in_library == []
 
 
@@ -153,7 +155,9 @@ def imports_dagster_core(path: Path) -> bool:
 
 def test_dagsters_private_api_is_imported_in_one_module_checked_against_the_installed_dagster():
     """An upgrade of Dagster fails here until that module is checked against the new version."""
-    importers = sorted(str(p.relative_to(REPO)) for pkg in (*PACKAGES, "bench") for p in (REPO / pkg).rglob("*.py") if imports_dagster_core(p))
+    importers = sorted(
+        str(p.relative_to(REPO)) for pkg in (*PACKAGES, "bench") for p in (REPO / pkg).rglob("*.py") if imports_dagster_core(p)
+    )
     assert importers == ["resources/dagster_internals.py"]
     doc = " ".join((REPO / "resources" / "dagster_internals.py").read_text().split())
     assert f"dagster {version('dagster')} and dagster-k8s {version('dagster-k8s')}" in doc

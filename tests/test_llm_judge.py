@@ -165,7 +165,9 @@ def test_http_errors_are_retried_and_unreachable_endpoints_are_named(stub, store
 def test_timeouts_and_replies_without_a_score_are_clear_errors():
     with OpenAIStub(delay_s=1.0) as slow:
         with pytest.raises(LLMJudgeError, match="did not answer within 0.2 s"):
-            OpenAIChatClient(slow.base_url, timeout_s=0.2).complete({"model": STUB_MODEL, "messages": [{"role": "user", "content": "x"}]})
+            OpenAIChatClient(slow.base_url, timeout_s=0.2).complete(
+                {"model": STUB_MODEL, "messages": [{"role": "user", "content": "x"}]}
+            )
     assert parse_score("Reasoning... SCORE: 0.75") == 0.75
     assert parse_score('{"score": 1}') == 1.0
     with pytest.raises(LLMJudgeError, match="no score"):
@@ -178,7 +180,9 @@ def test_the_judge_environment_openai_backend_drives_steps_one_call_per_trial(st
     """The Dagster resource: JudgeEnvironment(backend="openai") through the driver, in-process."""
     from tests.settings import demo_settings
 
-    settings = demo_settings(name="llm", n_steps=2, prompts_per_step=4, n_samples=4, min_trials_per_step=8, faults={"judge_flake_rate": 0.3})
+    settings = demo_settings(
+        name="llm", n_steps=2, prompts_per_step=4, n_samples=4, min_trials_per_step=8, faults={"judge_flake_rate": 0.3}
+    )
     run = lab("llm", settings, judge=judge_on(stub, request_timeout_s=5.0))
     run.run("llm", "0000", "0001")
     assert stub.count == 2 * 16, "one judge call per trial; flaked judgements replay the journal"
@@ -190,9 +194,9 @@ def test_the_judge_environment_openai_backend_drives_steps_one_call_per_trial(st
 
     rubric_judged = lab("rubric", {**settings, "name": "rubric"})
     rubric_judged.run("rubric", "0000", "0000")
-    assert rubric_judged.latest("rubric", "rewards", "0000")["artifact_key"] != run.latest("llm", "rewards", "0000")["artifact_key"], (
-        "the judge's identity is part of the rewards' cache key"
-    )
+    assert (
+        rubric_judged.latest("rubric", "rewards", "0000")["artifact_key"] != run.latest("llm", "rewards", "0000")["artifact_key"]
+    ), "the judge's identity is part of the rewards' cache key"
 
 
 def test_the_code_location_picks_the_llm_judge_from_the_environment(monkeypatch):
@@ -227,8 +231,15 @@ def test_the_llm_judge_grades_language_model_completions_through_the_driver(lab)
     from tests.settings import shipped_settings
 
     settings = shipped_settings(
-        "tiny_gsm8k", name="lm_llm", n_steps=2, prompts_per_step=4, n_samples=4, min_trials_per_step=8,
-        warmup={"demos": 16, "steps": 20}, sampling={"max_new_tokens": 12}, task={"eval_max_new_tokens": 12},
+        "tiny_gsm8k",
+        name="lm_llm",
+        n_steps=2,
+        prompts_per_step=4,
+        n_samples=4,
+        min_trials_per_step=8,
+        warmup={"demos": 16, "steps": 20},
+        sampling={"max_new_tokens": 12},
+        task={"eval_max_new_tokens": 12},
         faults={"judge_flake_rate": 0.3},
     )
     replays = counters.read("judge_journal_replays")
@@ -263,7 +274,10 @@ def test_the_llm_judge_grades_language_model_completions_through_the_driver(lab)
 
     in_process = lab("lm_rubric", settings)
     assert in_process.run("lm_llm", "0000", "0000").success
-    assert in_process.latest("lm_llm", "rollouts", "0000")["content_hash"] == run.latest("lm_llm", "rollouts", "0000")["content_hash"]
+    assert (
+        in_process.latest("lm_llm", "rollouts", "0000")["content_hash"]
+        == run.latest("lm_llm", "rollouts", "0000")["content_hash"]
+    )
     assert in_process.latest("lm_llm", "rewards", "0000")["artifact_key"] != meta["artifact_key"], (
         "the judge's identity is part of the rewards' cache key"
     )
@@ -326,7 +340,15 @@ def test_a_journal_entry_no_judge_could_have_written_is_moved_aside_and_asked_ag
     exp, traj = experiment(), trajectory(1)
     t_hash, r_hash = trajectory_hash(traj), rubric_hash(exp.rubric, SecretSearchGrading.prompt_version)
     request = make_judge(stub, store).request(exp, traj)
-    forged = JudgeCall.model_construct(trajectory_hash=t_hash, rubric_hash=r_hash, model=STUB_MODEL, request=request, reply="SCORE: 5", score=5.0, recorded_at="x")
+    forged = JudgeCall.model_construct(
+        trajectory_hash=t_hash,
+        rubric_hash=r_hash,
+        model=STUB_MODEL,
+        request=request,
+        reply="SCORE: 5",
+        score=5.0,
+        recorded_at="x",
+    )
     store.put_model(KIND, journal_key(request, t_hash), forged)
     reward = make_judge(stub, store).judge(exp, traj)
     assert stub.count == 1 and reward.components["llm"] == rule_score(stub.calls[0])  # asked again, not replayed
@@ -356,6 +378,9 @@ def test_a_judge_that_never_answers_fails_the_step_after_one_judgements_worst_ca
     waited = [e for e in errors if "did not answer within 0.3 s" in e and "not sent" not in e]
     not_sent = [e for e in errors if "not sent: judge endpoint" in e]
     assert len(waited) == 4 and len(not_sent) == 12, errors
-    assert "(3 attempt(s) of at most 0.3 s: the judge environment's max_retries and request_timeout_s) failed after 3 attempt(s)" in waited[0]
+    assert (
+        "(3 attempt(s) of at most 0.3 s: the judge environment's max_retries and request_timeout_s) failed after 3 attempt(s)"
+        in waited[0]
+    )
     assert f"judge endpoint {silent.base_url}/chat/completions answered none of the 3 attempt(s) of judging" in not_sent[0]
     assert "it is taken as down for 0.9 s" in not_sent[0]

@@ -22,7 +22,10 @@ def cpu(monkeypatch):
 
 def test_bfloat16_on_a_cpu_without_it_is_refused_at_load(cpu, tiny_dir):
     cpu("sse4_2", "avx2", "fma")
-    with pytest.raises(DagsterRLError, match=r"policy.dtype is bfloat16, and this CPU has no native bfloat16 \(avx512_bf16 or amx_bf16; it has avx2\).*SIGILL.*float32"):
+    with pytest.raises(
+        DagsterRLError,
+        match=r"policy.dtype is bfloat16, and this CPU has no native bfloat16 \(avx512_bf16 or amx_bf16; it has avx2\).*SIGILL.*float32",
+    ):
         load_policy(PolicySettings(base_model=str(tiny_dir), dtype="bfloat16"), device=torch.device("cpu"))
     load_policy(PolicySettings(base_model=str(tiny_dir), dtype="float32"), device=torch.device("cpu"))  # float32 runs anywhere
 
@@ -42,5 +45,10 @@ def test_the_features_torch_detects_are_the_kernels_flags_here():
         pytest.skip("no x86 flags in /proc/cpuinfo here")
     kernel = set(line.split(":", 1)[1].split())
     torch_says = cpu_bf16.cpu_flags()
-    for kernel_name, torch_name in [("avx512_bf16", "avx512_bf16"), ("amx_bf16", "amx_bf16"), ("avx512f", "avx512_f"), ("avx2", "avx2")]:
+    for kernel_name, torch_name in [
+        ("avx512_bf16", "avx512_bf16"),
+        ("amx_bf16", "amx_bf16"),
+        ("avx512f", "avx512_f"),
+        ("avx2", "avx2"),
+    ]:
         assert (kernel_name in kernel) == (torch_name in torch_says), kernel_name

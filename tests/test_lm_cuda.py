@@ -98,4 +98,3 @@ def test_a_bfloat16_base_trains_a_float32_adapter_on_cuda(tiny_dir):
     # bf16 logits of the decode and of the packed forward differ more than fp32 ones: report, bound loosely
     print(f"bf16 on-policy ratio_max_dev {metrics.ratio_max_dev:.3e}")
     assert metrics.ratio_max_dev < 0.1 and metrics.grad_norm > 0 and all(torch.isfinite(g).all() for g in grads.values())
-

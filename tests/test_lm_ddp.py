@@ -51,9 +51,16 @@ def trained_v1(tiny_dir, tmp_path_factory):
 def _pipes_env(messages) -> dict[str, str]:
     """What PipesSubprocessClient would set: the context inline, messages to a file."""
     context = {
-        "asset_keys": ["lm_demo/weights"], "code_version_by_asset_key": None, "provenance_by_asset_key": None,
-        "partition_key": "0001", "partition_key_range": None, "partition_time_window": None,
-        "run_id": "test-run", "job_name": None, "retry_number": 0, "extras": {},
+        "asset_keys": ["lm_demo/weights"],
+        "code_version_by_asset_key": None,
+        "provenance_by_asset_key": None,
+        "partition_key": "0001",
+        "partition_key_range": None,
+        "partition_time_window": None,
+        "run_id": "test-run",
+        "job_name": None,
+        "retry_number": 0,
+        "extras": {},
     }
     return {
         "DAGSTER_PIPES_CONTEXT": encode_param({"data": context}),
@@ -87,7 +94,9 @@ def _adam_on(tiny_dir, folder, grads: dict[str, torch.Tensor]) -> dict[str, torc
     return load_bytes(checkpoint_bytes(policy, optimizer)[ADAPTER])
 
 
-TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason=f"a 2-rank NCCL step needs 2 GPUs; torch sees {torch.cuda.device_count()}")
+TWO_GPUS = pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason=f"a 2-rank NCCL step needs 2 GPUs; torch sees {torch.cuda.device_count()}"
+)
 
 
 @pytest.mark.parametrize(
@@ -153,7 +162,9 @@ def test_two_rank_gradients_equal_single_process(tiny_dir, trained_v1, tmp_path,
     dist_adapter = load_bytes(load_checkpoint(tmp_path / "out" / CHECKPOINT_DIR)[ADAPTER])
     replayed = _adam_on(tiny_dir, folder, dist_grads)
     assert set(replayed) == set(dist_adapter)
-    assert all(torch.equal(dist_adapter[k], replayed[k]) for k in replayed), [k for k in replayed if not torch.equal(dist_adapter[k], replayed[k])]
+    assert all(torch.equal(dist_adapter[k], replayed[k]) for k in replayed), [
+        k for k in replayed if not torch.equal(dist_adapter[k], replayed[k])
+    ]
     # under Dagster Pipes, rank 0 alone reported: one open, log, metrics message, materialization, close
     reported = [json.loads(line) for line in messages.read_text().splitlines()]
     assert [m["method"] for m in reported] == ["opened", "log", "report_custom_message", "report_asset_materialization", "closed"]
@@ -161,15 +172,47 @@ def test_two_rank_gradients_equal_single_process(tiny_dir, trained_v1, tmp_path,
     assert payload["metrics"]["samples_used"] == n_samples and payload["metrics"]["world_size"] == 2
     assert reported[3]["params"]["asset_key"] == "lm_demo/weights"
     assert reported[3]["params"]["data_version"] == payload["checkpoint_hash"]
-    stats_dev = max(abs(getattr(dist_metrics, f) - getattr(metrics, f)) / max(abs(getattr(metrics, f)), 1e-30) for f in ("loss", "ratio", "kl"))
-    print(json.dumps({"n_samples": n_samples, "positions": n, "worst |difference| / (eps32 sum|terms|)": worst, "loss stats max rel diff / eps32": stats_dev / EPS32}))
+    stats_dev = max(
+        abs(getattr(dist_metrics, f) - getattr(metrics, f)) / max(abs(getattr(metrics, f)), 1e-30)
+        for f in ("loss", "ratio", "kl")
+    )
+    print(
+        json.dumps(
+            {
+                "n_samples": n_samples,
+                "positions": n,
+                "worst |difference| / (eps32 sum|terms|)": worst,
+                "loss stats max rel diff / eps32": stats_dev / EPS32,
+            }
+        )
+    )
 
 
 def test_torchrun_command():
-    cmd = launch_torchrun("job.json", nproc_per_node=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29400, python="py")
+    cmd = launch_torchrun(
+        "job.json", nproc_per_node=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29400, python="py"
+    )
     assert cmd == [
-        "py", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "4", "--max-restarts", "0", "--rdzv-backend",
-        "static", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29400", "-m", "dagster_rl.tasks.lm.train.entrypoint", "job.json",
+        "py",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "4",
+        "--max-restarts",
+        "0",
+        "--rdzv-backend",
+        "static",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "10.0.0.1",
+        "--master-port",
+        "29400",
+        "-m",
+        "dagster_rl.tasks.lm.train.entrypoint",
+        "job.json",
     ]
     assert "--standalone" in launch_torchrun("job.json", nproc_per_node=2)
     with pytest.raises(ValueError, match="master_addr"):

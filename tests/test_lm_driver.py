@@ -196,8 +196,17 @@ def test_flaky_trials_are_retried_one_by_one_and_end_as_a_clean_run(lab, on_poli
         for name in ("ratio", "kl", "grad_norm"):
             assert md[name] == pytest.approx(clean[name], rel=1e-4, abs=1e-7), (step, name)
         assert abs(md["loss"] - clean["loss"]) < 1e-6 and md["ratio_max_dev"] < ON_POLICY_ROUNDING
-        print(step, "max |logp flaky - clean|", max(abs(x - y) for a, b in zip(ours, theirs, strict=True) for x, y in zip(a.sampling_logprobs, b.sampling_logprobs, strict=True)),
-              "weights bytes equal:", md["content_hash"] == clean["content_hash"])
+        print(
+            step,
+            "max |logp flaky - clean|",
+            max(
+                abs(x - y)
+                for a, b in zip(ours, theirs, strict=True)
+                for x, y in zip(a.sampling_logprobs, b.sampling_logprobs, strict=True)
+            ),
+            "weights bytes equal:",
+            md["content_hash"] == clean["content_hash"],
+        )
 
 
 def test_a_trial_that_fails_after_its_retries_is_skipped_not_the_step(lab):
@@ -217,7 +226,9 @@ def test_kl_to_the_warm_up_through_the_in_process_trainer_that_keeps_its_policy_
     keeps one policy loaded across steps, with the reference as a frozen second adapter beside the
     trained one: step 0 trains from the reference itself (KL 0), later steps move away from it, and
     a trainer that loads the policy afresh each step (torchrun) makes the same updates."""
-    settings = tiny_grpo(name="sftref", n_steps=3, prompts_per_step=4, n_samples=4, min_trials_per_step=8, grpo={"kl_reference": "sft"})
+    settings = tiny_grpo(
+        name="sftref", n_steps=3, prompts_per_step=4, n_samples=4, min_trials_per_step=8, grpo={"kl_reference": "sft"}
+    )
     kept = lab("sftref", settings)
     assert kept.run("sftref", "0000", "0002").success
     md = [kept.latest("sftref", "weights", s) for s in ("0000", "0001", "0002")]

@@ -31,8 +31,10 @@ def test_tiny_model_learns_in_a_few_steps(tiny_dir):
             assert metrics.ratio_max_dev < ON_POLICY_ROUNDING and metrics.kl == 0.0
     after = evaluate(policy, prompt_set, RUBRIC, max_new_tokens=1)
     first, last = statistics.fmean(rewards[:2]), statistics.fmean(rewards[-2:])
-    print(f"mean reward per step {[round(r, 3) for r in rewards]}; accuracy {[round(a, 3) for a in accuracy]}; "
-          f"held-out greedy reward {before.mean_reward} -> {after.mean_reward}")
+    print(
+        f"mean reward per step {[round(r, 3) for r in rewards]}; accuracy {[round(a, 3) for a in accuracy]}; "
+        f"held-out greedy reward {before.mean_reward} -> {after.mean_reward}"
+    )
     # random policy over 68 tokens: ~10/68 digits (format 0.5) and ~1/68 correct -> reward ~0.08
     assert first < 0.15
     assert last > first + 0.3

@@ -73,13 +73,27 @@ def test_build_samples_groups_by_step_and_prompt_and_keeps_no_signal_groups():
 
     def rollout(p, s):
         return LMRollout(
-            trial_id=f"s0-p{p}-n{s}", step=0, prompt=p, sample=s, prompt_id=f"x{p}", reference="1", seed=0,
-            prompt_token_ids=[1], completion_token_ids=[2], completion_text="", sampling_logprobs=[-1.0],
-            finish_reason="length", temperature=1.0, top_p=1.0, behavior_version=0,
+            trial_id=f"s0-p{p}-n{s}",
+            step=0,
+            prompt=p,
+            sample=s,
+            prompt_id=f"x{p}",
+            reference="1",
+            seed=0,
+            prompt_token_ids=[1],
+            completion_token_ids=[2],
+            completion_text="",
+            sampling_logprobs=[-1.0],
+            finish_reason="length",
+            temperature=1.0,
+            top_p=1.0,
+            behavior_version=0,
         )
 
     def reward(p, s, r):
-        return LMReward(trial_id=f"s0-p{p}-n{s}", step=0, prompt=p, answer=None, reference="1", correct=False, components={}, reward=r)
+        return LMReward(
+            trial_id=f"s0-p{p}-n{s}", step=0, prompt=p, answer=None, reference="1", correct=False, components={}, reward=r
+        )
 
     rollouts = [rollout(p, s) for p in range(2) for s in range(2)]
     rewards = [reward(0, 0, 1.0), reward(0, 1, 0.0), reward(1, 0, 0.5), reward(1, 1, 0.5)]

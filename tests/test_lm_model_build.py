@@ -39,7 +39,9 @@ def tied_dir(tmp_path_factory):
 
 
 def test_a_tied_model_loads_whole_from_several_threads_at_once(tied_dir):
-    settings = PolicySettings(base_model=str(tied_dir), lora=LoRASettings(rank=4, alpha=8, target_modules=ATTENTION_AND_MLP, init_seed=3))
+    settings = PolicySettings(
+        base_model=str(tied_dir), lora=LoRASettings(rank=4, alpha=8, target_modules=ATTENTION_AND_MLP, init_seed=3)
+    )
     start = threading.Barrier(THREADS)
     loaded, errors = [], []
 

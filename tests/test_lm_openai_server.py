@@ -82,16 +82,29 @@ def test_the_server_speaks_vllms_api_and_samples_as_the_engine(tiny_serve):
     for field, value in (("top_k", 20), ("repetition_penalty", 1.05), ("min_tokens", 2), ("stop", ["."]), ("min_p", 0.1)):
         status, body = post(tiny_serve, "/completions", {"model": TINY, "prompt": prompt, field: value})
         assert status == 400 and body["error"]["param"] == field and field in body["error"]["message"], (field, body)
-    assert post(tiny_serve, "/completions", {"model": TINY, "prompt": prompt, "top_k": 0, "repetition_penalty": 1.0, "stop": []})[0] == 200
+    assert (
+        post(tiny_serve, "/completions", {"model": TINY, "prompt": prompt, "top_k": 0, "repetition_penalty": 1.0, "stop": []})[0]
+        == 200
+    )
     status, body = post(tiny_serve, "/completions", {"model": TINY, "prompt": prompt, "stop_token_ids": [5]})  # eos 1 and 5
     assert status == 400 and body["error"]["param"] == "stop_token_ids"
 
     # errors have vLLM's shape: {"error": {message, type, param, code}} with the HTTP status
     status, body = post(tiny_serve, "/completions", {"model": "nope", "prompt": prompt})
-    assert status == 404 and body["error"]["type"] == "NotFoundError" and body["error"]["param"] == "model" and body["error"]["code"] == 404
+    assert (
+        status == 404
+        and body["error"]["type"] == "NotFoundError"
+        and body["error"]["param"] == "model"
+        and body["error"]["code"] == 404
+    )
     assert post(tiny_serve, "/unload_lora_adapter", {"lora_name": "nope"})[0] == 404
-    assert post(tiny_serve, "/load_lora_adapter", {"lora_name": "x", "lora_path": "/no/such/folder"})[0] == 403  # outside --adapter-root
-    assert post(tiny_serve, "/load_lora_adapter", {"lora_name": "x", "lora_path": f"{tiny_serve.log_path.parent}/no-such-folder"})[0] == 404
+    assert (
+        post(tiny_serve, "/load_lora_adapter", {"lora_name": "x", "lora_path": "/no/such/folder"})[0] == 403
+    )  # outside --adapter-root
+    assert (
+        post(tiny_serve, "/load_lora_adapter", {"lora_name": "x", "lora_path": f"{tiny_serve.log_path.parent}/no-such-folder"})[0]
+        == 404
+    )
     assert post(tiny_serve, "/completions", {"model": TINY, "prompt": prompt, "stream": True})[0] == 400
 
 
@@ -154,7 +167,9 @@ def test_tiny_grpo_through_a_managed_server_matches_the_hf_engine_token_for_toke
             )  # fmt: skip
             assert a.sampling_logprobs == pytest.approx(b.sampling_logprobs, abs=1e-5)
         # the engine is part of the rollouts' key: these are two artifacts, not one cache hit
-        assert via.latest("tiny_grpo", "rollouts", step)["artifact_key"] != hf.latest("tiny_grpo", "rollouts", step)["artifact_key"]
+        assert (
+            via.latest("tiny_grpo", "rollouts", step)["artifact_key"] != hf.latest("tiny_grpo", "rollouts", step)["artifact_key"]
+        )
         assert via.latest("tiny_grpo", "weights", step)["ratio"] == pytest.approx(1.0, abs=1e-6)
     assert via.latest("tiny_grpo", "weights", "0000")["mean_reward"] == hf.latest("tiny_grpo", "weights", "0000")["mean_reward"]
 
@@ -165,8 +180,12 @@ def hf_rollouts_of(lab, rollouts: Rollouts[LMRollout]) -> list[LMRollout]:
 
     exp = lab.experiments["tiny_grpo"]
     prompts = load_prompt_set(exp.task.source)
-    requests = plan_requests(prompts_for_step(prompts.train, exp.seed, rollouts.step, exp.prompts_per_step), exp.seed, rollouts.step, exp.n_samples)
-    behavior = LMLoop().load_weights(exp, lab.store(), str(rollouts.behavior_policy["partition"]), str(rollouts.behavior_policy["key"]))
+    requests = plan_requests(
+        prompts_for_step(prompts.train, exp.seed, rollouts.step, exp.prompts_per_step), exp.seed, rollouts.step, exp.n_samples
+    )
+    behavior = LMLoop().load_weights(
+        exp, lab.store(), str(rollouts.behavior_policy["partition"]), str(rollouts.behavior_policy["key"])
+    )
     return sorted(HFRollouts().generate(exp, requests, behavior, prompts.template), key=lambda r: r.trial_id)
 
 
@@ -177,7 +196,10 @@ def test_a_crash_mid_range_resumes_with_the_behavior_version_on_the_server_that_
     steps = ("0000", "0001", "0002")
     before = counters.read("trials_executed")
     # prompts of three lengths and completions of up to 4 tokens: batches of other shapes round otherwise
-    mixed = {"task": {"source": {"kind": "synthetic", "ops": ["copy", "add", "last"], "n_eval": 100}}, "sampling": {"max_new_tokens": 4}}
+    mixed = {
+        "task": {"source": {"kind": "synthetic", "ops": ["copy", "add", "last"], "n_eval": 100}},
+        "sampling": {"max_new_tokens": 4},
+    }
     clean = lab("clean", served(faults={"flaky_trial_rate": 0.3}, **mixed), rollout=env())
     assert clean.run("tiny_grpo", steps[0], steps[-1]).success
     assert 3 * 64 * 1.15 < counters.read("trials_executed") - before < 3 * 64 * 1.5  # flaky trials retried one by one
@@ -215,14 +237,23 @@ def test_a_crash_mid_range_resumes_with_the_behavior_version_on_the_server_that_
     for step in steps:
         ours, theirs = crashy.rollouts("tiny_grpo", step).trajectories, clean.rollouts("tiny_grpo", step).trajectories
         assert [t.completion_token_ids for t in ours] == [t.completion_token_ids for t in theirs], step
-        pairs = [(x, y) for a, b in zip(ours, theirs, strict=True) for x, y in zip(a.sampling_logprobs, b.sampling_logprobs, strict=True)]
+        pairs = [
+            (x, y)
+            for a, b in zip(ours, theirs, strict=True)
+            for x, y in zip(a.sampling_logprobs, b.sampling_logprobs, strict=True)
+        ]
         assert max(abs(x - y) for x, y in pairs) <= 1e-5, step
         noisy += sum(x != y for x, y in pairs)
-        mine, clean_files = (lab_.store().get_all("weights", lab_.latest("tiny_grpo", "weights", step)["artifact_key"]) for lab_ in (crashy, clean))
+        mine, clean_files = (
+            lab_.store().get_all("weights", lab_.latest("tiny_grpo", "weights", step)["artifact_key"]) for lab_ in (crashy, clean)
+        )
         for name in (ADAPTER, OPTIMIZER, STATE):
             assert mine[name] == clean_files[name], (step, name)
         for name in ("loss", "ratio", "kl", "grad_norm", "mean_reward"):
-            assert crashy.latest("tiny_grpo", "weights", step)[name] == clean.latest("tiny_grpo", "weights", step)[name], (step, name)
+            assert crashy.latest("tiny_grpo", "weights", step)[name] == clean.latest("tiny_grpo", "weights", step)[name], (
+                step,
+                name,
+            )
     print(f"{noisy} sampled log-probs differ between the runs (the server's batch shapes)")
 
 

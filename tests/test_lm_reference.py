@@ -69,8 +69,15 @@ def test_kl_to_a_reference_equal_to_the_policy_is_zero_and_to_the_base_is_not(ti
     policy = fresh_policy(tiny_dir, warm)
     rollouts, rewards = step_batch(policy, step=3)
     samples, facts = build_samples(rollouts, rewards, KL_GRPO.advantage_eps)
-    to_itself = train_step(policy, make_optimizer(policy, KL_GRPO, warm), samples, len(samples), KL_GRPO, facts,
-                           reference=adapter_reference(policy, warm))
+    to_itself = train_step(
+        policy,
+        make_optimizer(policy, KL_GRPO, warm),
+        samples,
+        len(samples),
+        KL_GRPO,
+        facts,
+        reference=adapter_reference(policy, warm),
+    )
     again = fresh_policy(tiny_dir, warm)
     to_base = train_step(again, make_optimizer(again, KL_GRPO, warm), samples, len(samples), KL_GRPO, facts)
     assert to_itself.kl == 0.0 and to_base.kl > 0.0
@@ -105,8 +112,16 @@ def test_two_rank_step_with_a_reference_adapter_equals_single_process(tiny_dir, 
     grads = {}
     samples, facts = build_samples(rollouts, rewards, KL_GRPO.advantage_eps)
     with gradient_terms(policy) as terms:
-        single = train_step(policy, make_optimizer(policy, KL_GRPO, current), samples, len(samples), KL_GRPO, facts,
-                            on_grads=grads.update, reference=adapter_reference(policy, warm))
+        single = train_step(
+            policy,
+            make_optimizer(policy, KL_GRPO, current),
+            samples,
+            len(samples),
+            KL_GRPO,
+            facts,
+            on_grads=grads.update,
+            reference=adapter_reference(policy, warm),
+        )
     assert dist.world_size == 2 and dist.kl > 0.0
     for field in ("loss", "ratio", "kl", "grad_norm"):
         assert getattr(dist, field) == pytest.approx(getattr(single, field), rel=1e-5, abs=1e-8), field

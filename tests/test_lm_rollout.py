@@ -34,7 +34,10 @@ def test_retried_rollout_is_token_identical_in_any_batch(tiny_dir):
         assert r.sampling_logprobs == pytest.approx(f.sampling_logprobs, abs=LOGP_ATOL)
         assert r.model_dump(exclude={"sampling_logprobs"}) == f.model_dump(exclude={"sampling_logprobs"})
     # log-probs of another batch layout differ in their last bits, not more (no promise of bit equality)
-    print("max |logp retried - first|:", max(abs(a - b) for r, f in same for a, b in zip(r.sampling_logprobs, f.sampling_logprobs, strict=True)))
+    print(
+        "max |logp retried - first|:",
+        max(abs(a - b) for r, f in same for a, b in zip(r.sampling_logprobs, f.sampling_logprobs, strict=True)),
+    )
     # the same requests in the same batches: the same bytes
     assert generate_rollouts(policy, requests, SAMPLING, ps.template) == sorted(first.values(), key=lambda r: r.trial_id)
     # different seeds do sample differently
@@ -60,7 +63,14 @@ def test_sampler_records_the_log_prob_of_each_token_it_draws(tiny_dir):
         assert g.logprobs == pytest.approx(by_hand.tolist(), abs=LOGP_ATOL)
         assert g.finish_reason == ("stop" if g.completion_ids[-1] == tok.eos_token_id else "length")
     # greedy: temperature 0 counts as 1
-    greedy = generate(policy.model.eval(), prompts[:1], [0], sampling.model_copy(update={"temperature": 0.0}), tok.eos_token_id, tok.pad_token_id)[0]
+    greedy = generate(
+        policy.model.eval(),
+        prompts[:1],
+        [0],
+        sampling.model_copy(update={"temperature": 0.0}),
+        tok.eos_token_id,
+        tok.pad_token_id,
+    )[0]
     with torch.no_grad():
         logits = policy.model(input_ids=torch.tensor([prompts[0] + greedy.completion_ids])).logits[0, len(prompts[0]) - 1 : -1]
     assert greedy.completion_ids == logits.argmax(-1).tolist()[: len(greedy.completion_ids)]
@@ -106,4 +116,6 @@ def test_vectorized_sampling_draws_each_row_as_alone():
         assert batched == alone
     for seed in (0, 7, 2**64 - 1):
         one_at_a_time = torch.Generator().manual_seed(seed % 2**63)
-        assert uniforms(seed, 40).tolist() == [torch.rand((), generator=one_at_a_time, dtype=torch.float64).item() for _ in range(40)]
+        assert uniforms(seed, 40).tolist() == [
+            torch.rand((), generator=one_at_a_time, dtype=torch.float64).item() for _ in range(40)
+        ]

@@ -71,7 +71,12 @@ def test_two_processes_provisioning_at_once_end_with_one_folder(tmp_path):
     gguf.write_bytes(b"a stand-in for the GGUF file")
     cache = tmp_path / "cache"
     procs = [
-        subprocess.Popen([sys.executable, "-c", PROVISION, str(gguf), str(cache), name], stdout=subprocess.PIPE, text=True, env=subprocess_env())
+        subprocess.Popen(
+            [sys.executable, "-c", PROVISION, str(gguf), str(cache), name],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=subprocess_env(),
+        )
         for name in ("first", "second")
     ]
     folders = {p.communicate(timeout=120)[0].strip() for p in procs}

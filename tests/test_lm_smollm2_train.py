@@ -20,7 +20,12 @@ def test_three_steps_of_the_shipped_experiment_through_dagster_rl_train(tmp_path
     require_smollm2()
     home, env = home_with(tmp_path, shipped_settings(SMOLLM2_EXPERIMENT, **TINY_BATCH))
     done = subprocess.run(
-        [str(BIN / "dagster-rl"), "train", SMOLLM2_EXPERIMENT, f"{STEPS[0]}...{STEPS[-1]}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1200
+        [str(BIN / "dagster-rl"), "train", SMOLLM2_EXPERIMENT, f"{STEPS[0]}...{STEPS[-1]}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     with DagsterInstance.from_config(str(home)) as instance:

@@ -39,7 +39,9 @@ def test_micro_batches_stay_under_the_token_budget_and_cover_every_sample_once()
         width = max(len(samples[i].prompt_ids) + len(samples[i].completion_ids) for i in b)
         assert len(b) * width <= 40 or len(b) == 1  # a sequence longer than the budget goes alone
     assert [5] in batches  # 60 tokens: alone
-    assert micro_batches(samples, budget=10**6) == [sorted(range(7), key=lambda i: (len(samples[i].prompt_ids) + len(samples[i].completion_ids), i))]
+    assert micro_batches(samples, budget=10**6) == [
+        sorted(range(7), key=lambda i: (len(samples[i].prompt_ids) + len(samples[i].completion_ids), i))
+    ]
     assert all(len(b) == 1 for b in micro_batches(samples, budget=1))
     assert micro_batches(samples, 40) == micro_batches(list(samples), 40)  # a pure function of the samples
 
@@ -61,7 +63,9 @@ def test_batched_loss_equals_the_per_sample_loss_row_by_row():
         one, st = grpo_sample_loss(row, old[i, :n], ref[i, :n], float(adv[i]), 0.2, 0.3)
         one.backward()
         assert float(loss.detach()[i]) == pytest.approx(float(one.detach()), rel=1e-6, abs=1e-7)
-        assert (float(stats.ratio[i]), float(stats.kl[i]), float(stats.clip_frac[i])) == pytest.approx((st.ratio, st.kl, st.clip_frac), rel=1e-6)
+        assert (float(stats.ratio[i]), float(stats.kl[i]), float(stats.clip_frac[i])) == pytest.approx(
+            (st.ratio, st.kl, st.clip_frac), rel=1e-6
+        )
         torch.testing.assert_close(new_b.grad[i, :n], row.grad, rtol=1e-6, atol=1e-8)
         assert torch.all(new_b.grad[i, n:] == 0)  # padding gets no gradient
         devs.append(st.ratio_max_dev)
@@ -107,7 +111,9 @@ def test_micro_batched_gradient_equals_the_per_sample_gradient(tiny_dir, stale_b
     grpo = STALE.model_copy(update={"micro_batch_tokens": budget, "activation_checkpointing": checkpointing})
     grads = {}
     with gradient_terms(policy) as terms:
-        metrics = train_step(policy, make_optimizer(policy, grpo, files), samples, len(samples), grpo, facts, on_grads=grads.update)
+        metrics = train_step(
+            policy, make_optimizer(policy, grpo, files), samples, len(samples), grpo, facts, on_grads=grads.update
+        )
     n_batches = len(micro_batches(samples, budget))
     assert n_batches == {1: len(samples), 10**6: 1}.get(budget, n_batches) and (budget != 64 or 1 < n_batches < len(samples))
     assert sum(float(g.norm()) for g in grads.values()) > 1e-3
@@ -122,7 +128,9 @@ def test_micro_batched_gradient_equals_the_per_sample_gradient(tiny_dir, stale_b
     assert metrics.ratio_max_dev == pytest.approx(max(s.ratio_max_dev for s in per_sample), rel=1e-5)
     assert metrics.kl > 0 and metrics.clip_frac > 0 and metrics.ratio_max_dev > STALE.clip_eps
     assert policy.model.get_base_model().is_activation_checkpointing == checkpointing
-    print(f"budget {budget}, checkpointing {checkpointing}: {n_batches} micro-batches, worst |grad - per-sample grad| {worst:.2f} eps32 sum|terms|")
+    print(
+        f"budget {budget}, checkpointing {checkpointing}: {n_batches} micro-batches, worst |grad - per-sample grad| {worst:.2f} eps32 sum|terms|"
+    )
 
 
 def test_the_same_plan_trains_the_same_bytes(tiny_dir, stale_batch):
@@ -146,7 +154,9 @@ def test_on_policy_the_update_does_not_depend_on_the_samplers_float_noise(tiny_d
     policy = fresh_policy(tiny_dir)
     rollouts, rewards = step_batch(policy, step=0, prompts=4, samples=3)
     samples, facts = build_samples(rollouts, rewards, GRPO.advantage_eps)
-    noisy = [replace(s, old_logp=[x + 3e-7 * (-1) ** i for i, x in enumerate(s.old_logp)]) for s in samples]  # a server's batch shapes
+    noisy = [
+        replace(s, old_logp=[x + 3e-7 * (-1) ** i for i, x in enumerate(s.old_logp)]) for s in samples
+    ]  # a server's batch shapes
 
     def trained(batch, old_logp):
         p = fresh_policy(tiny_dir)

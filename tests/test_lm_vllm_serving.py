@@ -29,7 +29,9 @@ def test_the_command_serves_the_experiments_model_within_a_length_that_holds_its
     assert command[:3] == ["env", "VLLM_CPU_KVCACHE_SPACE=1", "VLLM_CPU_OMP_THREADS_BIND=nobind"]
     assert "--served-model-name=builtin:tiny-qwen2-gsm8k" in command and "--max-lora-rank=16" in command
     assert "--max-model-len=256" in command  # the tiny model's context, below the default 1024
-    with pytest.raises(DagsterRLError, match=r"its longest prompt plus completion is \d+ tokens, more than the 40 vLLM would serve"):
+    with pytest.raises(
+        DagsterRLError, match=r"its longest prompt plus completion is \d+ tokens, more than the 40 vLLM would serve"
+    ):
         vllm_command_for(exp, 8123, max_model_len=40)
 
 

@@ -16,8 +16,16 @@ SMALL_WARMUP = {"demos": 16, "steps": 10, "batch_size": 8, "learning_rate": 0.00
 
 def small(name: str, **overrides) -> dict:
     """tiny_grpo with a short warm-up and small steps: the warm-up's plumbing, not its learning."""
-    return shipped_settings("tiny_grpo", name=name, n_steps=4, prompts_per_step=4, n_samples=4, min_trials_per_step=8,
-                            warmup=SMALL_WARMUP, **overrides)
+    return shipped_settings(
+        "tiny_grpo",
+        name=name,
+        n_steps=4,
+        prompts_per_step=4,
+        n_samples=4,
+        min_trials_per_step=8,
+        warmup=SMALL_WARMUP,
+        **overrides,
+    )
 
 
 def test_the_warmup_is_an_unpartitioned_asset_upstream_of_the_chain_in_the_group_and_the_job(lab):
@@ -73,7 +81,10 @@ def test_a_chain_only_run_from_step_0_computes_and_records_the_warmup(lab):
     assert result.success
     [sft] = made.events("warm", "sft")
     assert made.latest("warm", "sft", None)["recorded_by"] == "driver"
-    assert made.latest("warm", "rollouts", "0000")["behavior_policy"]["content_hash"] == made.latest("warm", "sft", None)["content_hash"]
+    assert (
+        made.latest("warm", "rollouts", "0000")["behavior_policy"]["content_hash"]
+        == made.latest("warm", "sft", None)["content_hash"]
+    )
 
 
 @pytest.mark.numerics

@@ -48,7 +48,10 @@ def test_builtin_data_set_is_written_once_and_loads_as_gsm8k(monkeypatch, tmp_pa
     path = resolve_dataset("builtin:word-problems")
     assert path == str(tmp_path / "data" / "word-problems.jsonl")
     stamp = (tmp_path / "data" / "word-problems.jsonl").stat().st_mtime_ns
-    assert resolve_dataset("builtin:word-problems") == path and (tmp_path / "data" / "word-problems.jsonl").stat().st_mtime_ns == stamp
+    assert (
+        resolve_dataset("builtin:word-problems") == path
+        and (tmp_path / "data" / "word-problems.jsonl").stat().st_mtime_ns == stamp
+    )
     ps = load_prompt_set(GSM8KPrompts(path="builtin:word-problems", n_eval=100))
     assert len(ps.train) == 1900 and len(ps.eval) == 100
     assert resolve_dataset("/some/file.jsonl") == "/some/file.jsonl"
@@ -75,7 +78,9 @@ def test_the_gsm8k_tokenizer_has_one_token_per_word_and_reads_back_every_problem
 def test_prompts_use_the_chat_template_when_the_tokenizer_has_one(gsm8k_tokenizer):
     item = PromptItem(id="q", question="Tom has 3 pens. How many pens does Tom have now?", reference="3")
     ids = encode_prompt(gsm8k_tokenizer, item, "Question: {question}\nAnswer:")
-    expected = gsm8k_tokenizer.apply_chat_template([{"role": "user", "content": item.question}], add_generation_prompt=True, tokenize=False)
+    expected = gsm8k_tokenizer.apply_chat_template(
+        [{"role": "user", "content": item.question}], add_generation_prompt=True, tokenize=False
+    )
     assert gsm8k_tokenizer.decode(ids) == expected == f"{IM_START}user\n{item.question}{IM_END}\n{IM_START}assistant\n"
     assert gsm8k_tokenizer.convert_ids_to_tokens(ids[0]) == IM_START  # a special token, not its characters
     assert "Question:" not in gsm8k_tokenizer.decode(ids)

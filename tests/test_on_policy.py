@@ -53,7 +53,11 @@ def test_an_openai_server_experiment_that_targets_lm_head_or_cuts_top_p_fails_at
         small_experiment(rollout={"backend": "openai_server"})  # tiny_grpo's adapter targets lm_head
     lora = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"], "init_seed": 7}
     with pytest.raises(ValidationError, match=r"sampling.top_p is 0.9: rollout backend openai_server needs top_p 1"):
-        small_experiment(rollout={"backend": "openai_server"}, policy={"base_model": "builtin:tiny-qwen2", "lora": lora}, sampling={"top_p": 0.9})
+        small_experiment(
+            rollout={"backend": "openai_server"},
+            policy={"base_model": "builtin:tiny-qwen2", "lora": lora},
+            sampling={"top_p": 0.9},
+        )
     assert small_experiment(sampling={"top_p": 0.9}).sampling.top_p == 0.9  # the hf engine records the log-probs before top-p
 
 

@@ -32,7 +32,9 @@ def test_make_demo_prints_a_line_per_step_and_the_table(tmp_path):
     home = tmp_path / "demo_home"
     env = {**os.environ, "DAGSTER_HOME": str(home)}
     env.pop("DAGSTER_RL_EXPERIMENTS", None)
-    done = subprocess.run(["make", "demo", "DEMO_RANGE=0000...0002"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        ["make", "demo", "DEMO_RANGE=0000...0002"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [line for line in (done.stdout + done.stderr).splitlines() if not line.startswith(("make", "mkdir", "cp ", "/"))]
     steps = [m.groups() for line in lines if (m := STEP_LINE.match(line))]
@@ -97,7 +99,9 @@ def test_dagster_rl_train_checks_first_then_runs_the_range_with_the_console(tmp_
         "dagster-rl: the range 0000...0020 goes past the last step of demo, 0003 (n_steps: 4 in its experiment file): "
         "give a range within 0000...0003, or raise n_steps"
     )
-    assert refused("demo", "2...3", "--run-here").startswith(  # checked by the process that runs the range (it reads the instance)
+    assert refused(
+        "demo", "2...3", "--run-here"
+    ).startswith(  # checked by the process that runs the range (it reads the instance)
         "dagster-rl: step 0002 of demo starts from the weights of step 0001, which are not materialized (missing: 0000, 0001). "
         "Run from step 0000, e.g.\n    .venv/bin/dagster-rl train demo 0000...0003"
     )
@@ -109,21 +113,36 @@ def test_dagster_rl_train_checks_first_then_runs_the_range_with_the_console(tmp_
     with DagsterInstance.from_config(str(home)) as instance:
         assert instance.get_runs() == []  # nothing ran
 
-    done = subprocess.run([str(BIN / "dagster-rl"), "train", "demo", "0000...0001"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(BIN / "dagster-rl"), "train", "demo", "0000...0001"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stderr.splitlines()
     with DagsterInstance.from_config(str(home)) as instance:
         [run] = instance.get_runs()
     assert run.job_name == "demo_train" and run.tags["dagster_rl/range"] == "0000...0001"
     origin = run.remote_job_origin.repository_origin  # the workspace's code location, as the webserver names it
-    assert (origin.code_location_origin.location_name, origin.repository_name, run.remote_job_origin.job_name) == ("dagster_rl", "__repository__", "demo_train")
+    assert (origin.code_location_origin.location_name, origin.repository_name, run.remote_job_origin.job_name) == (
+        "dagster_rl",
+        "__repository__",
+        "demo_train",
+    )
     assert lines[0][9:] == f"run {run.run_id[:8]} started (demo_train, steps 0000...0001)", lines
     assert [m.group(1) for line in lines if (m := STEP_LINE.match(line))] == ["0000", "0001"], lines
     assert lines[-1][9:] == f"run {run.run_id[:8]} succeeded (demo_train, steps 0000...0001)" and len(lines) == 4, lines
 
     main(["runs", "demo"])
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split() == ["run", "status", "steps", "started"] and out[1].split()[:3] == [run.run_id, "SUCCESS", "0000...0001"]
+    assert out[0].split() == ["run", "status", "steps", "started"] and out[1].split()[:3] == [
+        run.run_id,
+        "SUCCESS",
+        "0000...0001",
+    ]
 
 
 def test_ctrl_c_cancels_a_dagster_rl_train_run(tmp_path):
@@ -140,7 +159,11 @@ def test_ctrl_c_cancels_a_dagster_rl_train_run(tmp_path):
     with DagsterInstance.from_config(str(home)) as instance:
         [run] = instance.get_runs()
     assert run.status == DagsterRunStatus.CANCELED and run.tags.get("dagster/will_retry") != "true"
-    assert re.search(rf"^\d\d:\d\d:\d\d run {run.run_id[:8]} \(slow_train, steps 0000\.\.\.0007\) interrupted; re-run the same range to resume$", err, re.M), err
+    assert re.search(
+        rf"^\d\d:\d\d:\d\d run {run.run_id[:8]} \(slow_train, steps 0000\.\.\.0007\) interrupted; re-run the same range to resume$",
+        err,
+        re.M,
+    ), err
 
 
 def test_a_killed_materialize_takes_its_step_process_along_and_the_next_run_fails_it(tmp_path):
@@ -210,9 +233,13 @@ def test_a_second_run_of_an_experiment_waits_for_the_first_and_computes_nothing(
     records = weights_steps(home, "slow")
     runs = list(dict.fromkeys(r for _, r in records))
     steps = [f"{i:04d}" for i in range(8)]
-    assert len(runs) == 2 and [p for p, r in records if r == runs[0]] == steps and [p for p, r in records if r == runs[1]] == steps
+    assert (
+        len(runs) == 2 and [p for p, r in records if r == runs[0]] == steps and [p for p, r in records if r == runs[1]] == steps
+    )
     assert records.index(("0000", runs[1])) > records.index(("0007", runs[0])), "the second run started after the first ended"
-    waited = [out for out in outs if f"Run {runs[0]} of experiment slow (started " in out and "is running: this run waits for it" in out]
+    waited = [
+        out for out in outs if f"Run {runs[0]} of experiment slow (started " in out and "is running: this run waits for it" in out
+    ]
     computed = [out for out in outs if out not in waited]
     assert len(waited) == len(computed) == 1, outs
     assert [m.group(2) for line in waited[0].splitlines() if (m := STEP_LINE.match(line))] == ["hit"] * 8
@@ -244,8 +271,13 @@ def test_a_long_step_reports_its_progress_in_the_run_log(lab, monkeypatch):
 def assert_ended_cleanly(code: int, lines: list[str]) -> None:
     """Exit 130 and one last line that says to resume; no traceback, error, warning or notice of the interruption."""
     assert code == 130, lines
-    assert re.fullmatch(r"\d\d:\d\d:\d\d run [0-9a-f]{8} \(slow_train, steps 0000\.\.\.0011\) interrupted; re-run the same range to resume", lines[-1]), lines
-    noise = [line for line in lines if re.search(r"Traceback|Error|Warning|WARNING|ERROR|KeyboardInterrupt|did not receive", line)]
+    assert re.fullmatch(
+        r"\d\d:\d\d:\d\d run [0-9a-f]{8} \(slow_train, steps 0000\.\.\.0011\) interrupted; re-run the same range to resume",
+        lines[-1],
+    ), lines
+    noise = [
+        line for line in lines if re.search(r"Traceback|Error|Warning|WARNING|ERROR|KeyboardInterrupt|did not receive", line)
+    ]
     assert not noise, lines
 
 
@@ -256,7 +288,9 @@ def test_ctrl_c_or_sigterm_of_train_ends_with_one_line_that_says_to_resume(tmp_p
     code, lines = train_until(env, tmp_path, ["slow", "0000...0011"], "step 0001 ", signal.SIGINT, group=True)
     assert_ended_cleanly(code, lines)
     done = [m.group(1) for line in lines if (m := STEP_LINE.match(line))]
-    code, lines = train_until(env, tmp_path, ["slow", "0000...0011"], f"step {int(done[-1]) + 2:04d} ", signal.SIGTERM, group=False)
+    code, lines = train_until(
+        env, tmp_path, ["slow", "0000...0011"], f"step {int(done[-1]) + 2:04d} ", signal.SIGTERM, group=False
+    )
     assert_ended_cleanly(code, lines)
     steps = {m.group(1): m.group(2) for line in lines if (m := STEP_LINE.match(line))}
     assert all(steps[s] == "hit" for s in done), lines  # resumed: what the first run stored is reused

@@ -26,7 +26,9 @@ def test_a_long_phase_is_listed_with_its_time_until_it_ends():
     with progress.doing("demo/sft: the warm-up"):
         progress.begin(0, 8)
         lines = progress.lines()
-        assert lines[0].startswith("step 0000: 0/8 trials generated") and re.fullmatch(r"demo/sft: the warm-up, \d+ s so far", lines[1])
+        assert lines[0].startswith("step 0000: 0/8 trials generated") and re.fullmatch(
+            r"demo/sft: the warm-up, \d+ s so far", lines[1]
+        )
     assert len(progress.lines()) == 1 and progress.lines()[0].startswith("step 0000: ")
 
 

@@ -23,7 +23,10 @@ from tests.servers import wait_until
 
 @pytest.fixture
 def instance(tmp_path):
-    config = {"run_launcher": {"module": "resources.run_launcher", "class": "LocalProcessRunLauncher"}, "telemetry": {"enabled": False}}
+    config = {
+        "run_launcher": {"module": "resources.run_launcher", "class": "LocalProcessRunLauncher"},
+        "telemetry": {"enabled": False},
+    }
     (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(config))
     with DagsterInstance.from_config(str(tmp_path)) as inst:
         yield inst
@@ -97,9 +100,7 @@ def test_launching_a_retry_kills_what_its_parent_left_running(instance, sleepers
     worker.wait()
     launched = []
     monkeypatch.setattr(DefaultRunLauncher, "launch_run", lambda self, context: launched.append(context.dagster_run.run_id))
-    retry = instance.add_run(
-        DagsterRun(job_name="demo_train", parent_run_id=parent.run_id, root_run_id=parent.run_id)
-    )
+    retry = instance.add_run(DagsterRun(job_name="demo_train", parent_run_id=parent.run_id, root_run_id=parent.run_id))
     instance.run_launcher.launch_run(LaunchRunContext(dagster_run=retry, workspace=None))
     assert launched == [retry.run_id]
     step.wait(5)

@@ -30,7 +30,9 @@ def test_sandbox_writes_never_reach_the_world_or_another_trial(tmp_path):
     with ThreadPoolExecutor(8) as pool:
         trajs = list(
             pool.map(
-                lambda s: run_agent(s, [1 / 8] * 8, world_files, max_turns=8, scratch_rate=1.0, behavior_version=0, sandbox_root=tmp_path / "sb"),
+                lambda s: run_agent(
+                    s, [1 / 8] * 8, world_files, max_turns=8, scratch_rate=1.0, behavior_version=0, sandbox_root=tmp_path / "sb"
+                ),
                 specs,
             )
         )
@@ -64,9 +66,13 @@ def test_a_sandbox_root_that_cannot_hold_sandboxes_is_refused_naming_the_path(tm
 
     a_file = tmp_path / "a_file"
     a_file.write_text("not a folder")
-    with pytest.raises(SandboxError, match=rf"the sandbox folder {a_file} \(the rollout environment's sandbox_root.*is a file, not a folder"):
+    with pytest.raises(
+        SandboxError, match=rf"the sandbox folder {a_file} \(the rollout environment's sandbox_root.*is a file, not a folder"
+    ):
         SandboxRollouts(a_file)
-    with pytest.raises(SandboxError, match=rf"the sandbox folder {a_file}/sub .*cannot hold sandboxes: Not a directory \({a_file}/sub\)"):
+    with pytest.raises(
+        SandboxError, match=rf"the sandbox folder {a_file}/sub .*cannot hold sandboxes: Not a directory \({a_file}/sub\)"
+    ):
         SandboxRollouts(a_file / "sub")
     SandboxRollouts(tmp_path / "new" / "sandboxes")  # a missing folder is made
     assert list((tmp_path / "new" / "sandboxes").iterdir()) == []

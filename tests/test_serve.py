@@ -111,13 +111,25 @@ def test_a_failed_load_leaves_no_trace(clean, root, broken, loaded):
     engine = clean
     if loaded:
         engine.load_adapter("a", str(root / "good"))
-    before = (engine.model_cards()[0]["id"], list(engine.adapters), lora_layers(engine), sample(engine), loaded and sample(engine, "a"))
+    before = (
+        engine.model_cards()[0]["id"],
+        list(engine.adapters),
+        lora_layers(engine),
+        sample(engine),
+        loaded and sample(engine, "a"),
+    )
     with pytest.raises(APIError) as failed:
         engine.load_adapter("b", str(root / broken))
     assert failed.value.status == HTTPStatus.BAD_REQUEST and failed.value.param == "lora_path"
     assert f"Loading lora b failed: {root / broken} is not a LoRA adapter of {TINY}" in failed.value.message
     assert "nothing was loaded" in failed.value.message
-    after = (engine.model_cards()[0]["id"], list(engine.adapters), lora_layers(engine), sample(engine), loaded and sample(engine, "a"))
+    after = (
+        engine.model_cards()[0]["id"],
+        list(engine.adapters),
+        lora_layers(engine),
+        sample(engine),
+        loaded and sample(engine, "a"),
+    )
     assert after == before
     if loaded:  # PEFT keeps no trace of it either
         assert list(engine.peft.peft_config) == [engine._internal["a"]]
@@ -150,7 +162,9 @@ def test_adapters_load_only_from_the_allowed_roots(clean, root, tmp_path, monkey
     ):
         with pytest.raises(APIError) as refused:
             engine.load_adapter("x", str(path))
-        assert refused.value.status == HTTPStatus.FORBIDDEN and refused.value.param == "lora_path" and says in refused.value.message
+        assert (
+            refused.value.status == HTTPStatus.FORBIDDEN and refused.value.param == "lora_path" and says in refused.value.message
+        )
     (root / "link").symlink_to(outside)  # a link in the root to a folder outside it
     (root / "half").mkdir()
     (root / "half" / ADAPTER_CONFIG).write_bytes((outside / ADAPTER_CONFIG).read_bytes())
@@ -284,7 +298,10 @@ def test_serve_of_a_model_that_is_not_there_is_one_message(tmp_path):
 
     missing = tmp_path / "no-model"
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "dagster-rl"), "serve", "--model", str(missing), "--port", "1"], capture_output=True, text=True, timeout=120
+        [str(Path(sys.executable).parent / "dagster-rl"), "serve", "--model", str(missing), "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 1 and done.stdout == "", done.stdout
     assert done.stderr == (
@@ -378,7 +395,12 @@ def test_the_issues_cases_over_http(server, root, tmp_path):
     assert post(server, "/unload_lora_adapter", {"lora_name": "a.b"})[0] == 200
     assert complete(server)[0] == 200
     # type errors, max_tokens 0, the context: 400s naming the field
-    for fields, param in (({"n": "abc"}, "n"), ({"max_tokens": 0}, "max_tokens"), ({"model": 5}, "model"), ({"temperature": "hot"}, "temperature")):
+    for fields, param in (
+        ({"n": "abc"}, "n"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"model": 5}, "model"),
+        ({"temperature": "hot"}, "temperature"),
+    ):
         status, body = complete(server, **fields)
         assert status == 400 and body["error"]["param"] == param, (fields, body)
     status, body = complete(server, prompt=PROMPT * 60, max_tokens=32)
@@ -386,7 +408,9 @@ def test_the_issues_cases_over_http(server, root, tmp_path):
     # adapters from outside --adapter-root: a 403
     outside = adapter(tmp_path / "outside", seed=3)
     status, body = post(server, "/load_lora_adapter", {"lora_name": "x", "lora_path": str(outside)})
-    assert status == 403 and body["error"]["type"] == "PermissionDeniedError" and "outside the folders" in body["error"]["message"]
+    assert (
+        status == 403 and body["error"]["type"] == "PermissionDeniedError" and "outside the folders" in body["error"]["message"]
+    )
     assert "500" not in re.findall(r'HTTP/1.1" (\d+)', server.log())
 
 
@@ -408,9 +432,13 @@ def test_a_client_that_goes_away_is_not_served(server):
     within 0.1 s, while their requests wait behind them: each is cancelled, none is generated."""
     before = server.log().count("went away before its completion")
     with ThreadPoolExecutor(6) as pool:
-        busy = [pool.submit(complete, server, max_tokens=120, temperature=0.5 + i / 20, seed=i, ignore_eos=True) for i in range(6)]
+        busy = [
+            pool.submit(complete, server, max_tokens=120, temperature=0.5 + i / 20, seed=i, ignore_eos=True) for i in range(6)
+        ]
         time.sleep(0.05)
-        leaving = [send_and_leave(server, {"model": TINY, "prompt": PROMPT, "max_tokens": 100, "seed": 100 + i}) for i in range(6)]
+        leaving = [
+            send_and_leave(server, {"model": TINY, "prompt": PROMPT, "max_tokens": 100, "seed": 100 + i}) for i in range(6)
+        ]
         time.sleep(0.05)
         for sock in leaving:
             sock.close()
@@ -440,7 +468,9 @@ def test_hundreds_of_concurrent_connections_each_get_their_own_completion(server
 
     with ThreadPoolExecutor(256) as pool:
         answers = pool.map(one, requests)
-        leaving = [send_and_leave(server, {"model": TINY, "prompt": PROMPT, "max_tokens": 3, "seed": 1000 + i}) for i in range(32)]
+        leaving = [
+            send_and_leave(server, {"model": TINY, "prompt": PROMPT, "max_tokens": 3, "seed": 1000 + i}) for i in range(32)
+        ]
         statuses = list(pool.map(invalid, range(32)))
         for sock in leaving:
             sock.close()

@@ -37,7 +37,12 @@ def answer(ids: list[int], logprobs: list[float], finish: str) -> bytes:
         "index": 0,
         "text": "",
         "finish_reason": finish,
-        "logprobs": {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": logprobs, "top_logprobs": None, "text_offset": []},
+        "logprobs": {
+            "tokens": [f"token_id:{t}" for t in ids],
+            "token_logprobs": logprobs,
+            "top_logprobs": None,
+            "text_offset": [],
+        },
     }
     return json.dumps({"choices": [choice]}).encode()
 
@@ -52,7 +57,11 @@ def parse(raw: bytes, max_tokens: int = 3, stop: tuple[int, ...] = (EOS,)):
         ([5, 6, 7], [-1.0, -0.5, -2.0], "length"),  # max_tokens, no stop token
         ([5, EOS], [-1.0, -0.1], "stop"),  # stopped at the stop token
         ([EOS], [-0.3], "stop"),  # stopped at once: the stop token is the one token
-        ([5, 6, EOS], [-1.0, -0.5, -9999.0], "stop"),  # the stop token as the max_tokens-th: 'stop', as vLLM says; -9999 is vLLM's -inf
+        (
+            [5, 6, EOS],
+            [-1.0, -0.5, -9999.0],
+            "stop",
+        ),  # the stop token as the max_tokens-th: 'stop', as vLLM says; -9999 is vLLM's -inf
         ([0, 67, 3], [0.0, -1.0, -1.0], "length"),  # the vocabulary's ends; a log-prob of 0
     ],
 )
@@ -75,7 +84,13 @@ def test_a_reply_a_correct_server_could_send_is_read(ids, logprobs, finish):
         ([5, EOS, 7], [-1.0] * 3, "length", "nothing after a stop token", "stop token 1 at position 1 of 3 tokens"),
         ([5, 6], [-1.0] * 2, "stop", "finish_reason 'stop' <=> the last token is a stop token", "last token 6, stop tokens [1]"),
         ([5, 6], [-1.0] * 2, "length", "finish_reason 'length' <=> exactly max_tokens tokens", "2 tokens, max_tokens 3"),
-        ([5, 6, EOS], [-1.0] * 3, "length", "finish_reason 'length' <=> exactly max_tokens tokens", "it ends at the stop token 1"),
+        (
+            [5, 6, EOS],
+            [-1.0] * 3,
+            "length",
+            "finish_reason 'length' <=> exactly max_tokens tokens",
+            "it ends at the stop token 1",
+        ),
         ([5, 6, 7], [-1.0] * 3, "abort", "finish_reason 'stop' or 'length'", "'abort'"),
         ([5, 6, 7], [-1.0] * 3, None, "finish_reason 'stop' or 'length'", "'None'"),
     ],
@@ -114,7 +129,13 @@ def test_replies_that_are_not_completions_name_the_server():
 
 def small(**overrides) -> dict:
     """tiny_grpo on the served LoRA, 16 trials a step, completions of up to 3 tokens."""
-    return served(prompts_per_step=4, n_samples=4, min_trials_per_step=8, sampling={"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 3}, **overrides)
+    return served(
+        prompts_per_step=4,
+        n_samples=4,
+        min_trials_per_step=8,
+        sampling={"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 3},
+        **overrides,
+    )
 
 
 def env(base_url: str, **kw) -> RolloutEnvironment:
@@ -160,7 +181,9 @@ def test_a_server_that_answers_wrongly_fails_the_step_naming_the_rule_and_nothin
     assert "Out of range float values" not in message
     assert len(seen) == 16 and set(seen.values()) == {2}, seen  # every trial: its attempt and its one retry
     assert run.metadata("tiny_grpo", "rollouts") == {}  # nothing materialized
-    kept = [run.store().get_model("rollouts", p.name, Rollouts[LMRollout]) for p in (run.home / "artifacts" / "rollouts").iterdir()]
+    kept = [
+        run.store().get_model("rollouts", p.name, Rollouts[LMRollout]) for p in (run.home / "artifacts" / "rollouts").iterdir()
+    ]
     assert [(r.trajectories, len(r.skipped)) for r in kept] == [([], 16)]  # the one partial: no trajectory of a bad reply
 
     # the same store against a correct server: nothing bad was kept, the step is computed as a clean run computes it
@@ -237,7 +260,9 @@ def test_the_adapter_folder_holds_the_bytes_the_run_read_or_is_refused_or_rewrit
     assert direct.adapter_folder(exp, behavior) == str(folder)
     original = (folder / ADAPTER).read_bytes()
     (folder / ADAPTER).write_bytes(original[:-8] + b"\0" * 8)  # changed after the run read it
-    with pytest.raises(RolloutServerError, match=f"the adapter folder {folder} no longer holds the weights v0 .*its {ADAPTER} holds other bytes"):
+    with pytest.raises(
+        RolloutServerError, match=f"the adapter folder {folder} no longer holds the weights v0 .*its {ADAPTER} holds other bytes"
+    ):
         direct.adapter_folder(exp, behavior)
     outside = tmp_path / "outside.safetensors"
     outside.write_bytes(original)
@@ -250,7 +275,8 @@ def test_the_adapter_folder_holds_the_bytes_the_run_read_or_is_refused_or_rewrit
     copying = ServerRollouts(Endpoint("http://127.0.0.1:1/v1", adapter_dir=str(shared)))
     copy = Path(copying.adapter_folder(exp, behavior))
     assert copy.parent == shared / exp.name and {p.name: p.read_bytes() for p in copy.iterdir()} == {
-        ADAPTER: behavior.payload[ADAPTER], ADAPTER_CONFIG: behavior.payload[ADAPTER_CONFIG]
+        ADAPTER: behavior.payload[ADAPTER],
+        ADAPTER_CONFIG: behavior.payload[ADAPTER_CONFIG],
     }
     (copy / ADAPTER).write_bytes(b"tampered")  # a copy changed behind the run's back is not trusted
     assert copying.adapter_folder(exp, behavior) == str(copy) and (copy / ADAPTER).read_bytes() == behavior.payload[ADAPTER]

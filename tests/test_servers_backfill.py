@@ -78,11 +78,7 @@ def check_ui_backfill(servers: DagsterServers, exp: str) -> None:
     from dagster import AssetKey
 
     with servers.instance() as instance:
-        records = [
-            r
-            for asset in CHAIN
-            for r in instance.fetch_materializations(AssetKey([exp, asset]), limit=1000).records
-        ]
+        records = [r for asset in CHAIN for r in instance.fetch_materializations(AssetKey([exp, asset]), limit=1000).records]
     records.sort(key=lambda r: r.storage_id)
     assert len(records) == 3 * N_STEPS
     assert [(r.asset_materialization.partition, r.asset_key.path[1]) for r in records] == expected
@@ -108,7 +104,12 @@ def test_a_backfill_and_a_job_launch_of_one_experiment_compute_its_steps_once(sq
     tags = {"dagster/asset_partition_range_start": "0000", "dagster/asset_partition_range_end": "0009"}
     argv = [executable("dagster"), "job", "launch", "-w", str(servers.workspace), "-l", LOCATION, "-j", f"{exp}_train"]
     launching = subprocess.Popen(
-        [*argv, "--tags", json.dumps(tags)], env=servers.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [*argv, "--tags", json.dumps(tags)],
+        env=servers.env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     backfill_id = gql.launch_partition_backfill([[exp, a] for a in CHAIN], partition_names=STEPS, title=f"{exp} 0000-0009")
     out, _ = launching.communicate(timeout=180)
@@ -133,13 +134,17 @@ def test_a_backfill_and_a_job_launch_of_one_experiment_compute_its_steps_once(sq
     by_run: dict[str, list] = {}
     for r in records:  # in the order they were recorded: the run that held the pool first comes first
         md = r.asset_materialization.metadata
-        by_run.setdefault(r.run_id, []).append((r.asset_materialization.partition, md["cache"].value, md["trials_executed"].value))
+        by_run.setdefault(r.run_id, []).append(
+            (r.asset_materialization.partition, md["cache"].value, md["trials_executed"].value)
+        )
     first, second = (runs[run_id] for run_id in by_run)
     assert by_run[first["runId"]] == [(s, "miss", 16) for s in STEPS]  # computed once ...
     assert by_run[second["runId"]] == [(s, "hit", 0) for s in STEPS]  # ... and found done by the run that waited
     assert [r.run_id for r in records].index(second["runId"]) == N_STEPS, "no step of the second run before the first's last"
     assert second["creationTime"] < first["endTime"], "the second run was launched while the first ran (else: nothing to test)"
-    print(f"the second run ({second['jobName']}) waited {'at its step' if second['startTime'] < first['endTime'] else 'in the queue'}")
+    print(
+        f"the second run ({second['jobName']}) waited {'at its step' if second['startTime'] < first['endTime'] else 'in the queue'}"
+    )
     if second["startTime"] < first["endTime"]:  # left the queue before the pool had a limit: it waited at its step
         messages = [e["message"] for e in gql.run_events(second["runId"], {"LogMessageEvent"})]
         assert any(f"Run {first['runId']} of experiment {exp}" in m and "this run waits for it" in m for m in messages), messages
@@ -155,7 +160,12 @@ def test_a_dagster_rl_train_run_is_on_its_jobs_runs_tab_and_re_executes_from_the
     servers, exp = sqlite_servers, "ops_cli"
     gql = servers.graphql
     done = subprocess.run(
-        [executable("dagster-rl"), "train", exp, "0000...0001"], env=servers.env, cwd=REPO, capture_output=True, text=True, timeout=300
+        [executable("dagster-rl"), "train", exp, "0000...0001"],
+        env=servers.env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     [run] = gql.job_runs(f"{exp}_train")
@@ -163,7 +173,10 @@ def test_a_dagster_rl_train_run_is_on_its_jobs_runs_tab_and_re_executes_from_the
     assert run["runStatus"] == "SUCCESS"
     assert run["repositoryOrigin"] == {"repositoryLocationName": LOCATION, "repositoryName": "__repository__"}
     assert run["pipelineSnapshotId"] == gql.job_snapshot_id(f"{exp}_train") and run["parentPipelineSnapshotId"] is None
-    assert {k: v for k, v in run["tags"].items() if not k.startswith("dagster/")} == {"dagster_rl/experiment": exp, "dagster_rl/range": "0000...0001"}
+    assert {k: v for k, v in run["tags"].items() if not k.startswith("dagster/")} == {
+        "dagster_rl/experiment": exp,
+        "dagster_rl/range": "0000...0001",
+    }
 
     again = gql.reexecute(run["id"])
     [rerun] = gql.wait_for_runs(tags={"dagster/parent_run_id": run["id"]}, count=1, timeout_s=180)

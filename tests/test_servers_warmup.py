@@ -19,7 +19,12 @@ STEPS = [f"{i:04d}" for i in range(4)]
 
 def warm_experiment(name: str) -> dict:
     return shipped_settings(
-        "tiny_grpo", name=name, n_steps=4, prompts_per_step=4, n_samples=4, min_trials_per_step=8,
+        "tiny_grpo",
+        name=name,
+        n_steps=4,
+        prompts_per_step=4,
+        n_samples=4,
+        min_trials_per_step=8,
         warmup={"demos": 16, "steps": 10, "batch_size": 8},
     )
 
@@ -40,7 +45,17 @@ def records(servers, exp: str, asset: str) -> list:
 
 def test_cli_materialize_of_the_group_then_job_launch_include_the_warmup(servers):
     exp = "wu_cli"
-    out = servers.cli("asset", "materialize", "-m", "assets.definitions", "--select", f"group:{exp}", "--partition-range", "0000...0001", timeout_s=600)
+    out = servers.cli(
+        "asset",
+        "materialize",
+        "-m",
+        "assets.definitions",
+        "--select",
+        f"group:{exp}",
+        "--partition-range",
+        "0000...0001",
+        timeout_s=600,
+    )
     assert "RUN_SUCCESS" in out.stdout + out.stderr
     [sft] = records(servers, exp, "sft")
     rollouts = records(servers, exp, "rollouts")
@@ -48,7 +63,9 @@ def test_cli_materialize_of_the_group_then_job_launch_include_the_warmup(servers
     assert sft.run_id == rollouts[0].run_id and sft.storage_id < rollouts[0].storage_id  # one run, the warm-up first
 
     tags = {"dagster/asset_partition_range_start": "0002", "dagster/asset_partition_range_end": "0003"}
-    servers.cli("job", "launch", "-w", str(servers.workspace), "-l", "dagster_rl", "-j", f"{exp}_train", "--tags", json.dumps(tags))
+    servers.cli(
+        "job", "launch", "-w", str(servers.workspace), "-l", "dagster_rl", "-j", f"{exp}_train", "--tags", json.dumps(tags)
+    )
     [run] = servers.graphql.wait_for_runs(job_name=f"{exp}_train", count=1, timeout_s=300)
     assert run["status"] == "SUCCESS", servers.log("daemon")[-3000:]
     sfts = records(servers, exp, "sft")
@@ -69,7 +86,10 @@ def test_ui_backfill_of_the_group_runs_the_warmup_then_the_range(servers):
     assert [r["status"] for r in runs] == ["SUCCESS", "SUCCESS"]
     warmup_run, range_run = runs
     assert "dagster/asset_partition_range_start" not in warmup_run["tags"]
-    assert (range_run["tags"]["dagster/asset_partition_range_start"], range_run["tags"]["dagster/asset_partition_range_end"]) == ("0000", "0003")
+    assert (range_run["tags"]["dagster/asset_partition_range_start"], range_run["tags"]["dagster/asset_partition_range_end"]) == (
+        "0000",
+        "0003",
+    )
     assert warmup_run["endTime"] <= range_run["startTime"]
     [sft] = records(servers, exp, "sft")
     assert sft.run_id == warmup_run["runId"]

@@ -105,7 +105,9 @@ def test_a_truncated_manifest_and_a_deleted_file_are_errors_that_name_the_artifa
 
     store.put("weights", K1, {"data.json": b"w", "b.bin": b"b"})
     (tmp_path / "weights" / K1 / "b.bin").unlink()
-    with pytest.raises(CorruptArtifactError, match=rf"artifact weights/{K1}: its file b.bin is missing, though its manifest lists it"):
+    with pytest.raises(
+        CorruptArtifactError, match=rf"artifact weights/{K1}: its file b.bin is missing, though its manifest lists it"
+    ):
         store.get_all("weights", K1)
     assert not store.exists("weights", K1)
     with pytest.raises(MissingArtifactError, match="is not in the store"):
@@ -149,7 +151,10 @@ def test_an_adopted_artifact_is_called_float_rounding_only_within_the_rounding_b
     )
     rounded = {"version": 0, "doc_prior": {w: [0.25, 0.25, 0.25, 0.25 + 3e-8] for w in ("w0", "w1", "w2")}}
     store.put("weights", K, {"data.json": canonical_json(rounded)})
-    assert "Float rounding: only floats differ, by at most 3e-08 (relative), within 0.0001" in heard[-1] and "missing" not in heard[-1]
+    assert (
+        "Float rounding: only floats differ, by at most 3e-08 (relative), within 0.0001" in heard[-1]
+        and "missing" not in heard[-1]
+    )
     adapter = np.array([[0.5, -1.25], [2.0, 0.0]], dtype=np.float32)
     store.put("weights", HALF, {"adapter_model.safetensors": save({"a": adapter})})
     store.put("weights", HALF, {"adapter_model.safetensors": save({"a": adapter + np.float32(1e-6)})})
@@ -185,7 +190,9 @@ def test_a_read_only_store_serves_what_it_holds_and_says_why_it_cannot_write(tmp
     store = ArtifactStore(f"readonly://{tmp_path}")
     files, _, hit = store.get_or_put_files("weights", K, lambda: pytest.fail("a stored artifact is not computed again"))
     assert hit and files == {"data.json": b"w"}
-    with pytest.raises(StoreWriteError, match=rf"could not write artifact weights/{K1} to the store at readonly://.*Read-only file system"):
+    with pytest.raises(
+        StoreWriteError, match=rf"could not write artifact weights/{K1} to the store at readonly://.*Read-only file system"
+    ):
         store.put("weights", K1, {"data.json": b"w"})
 
 
@@ -252,7 +259,9 @@ def test_a_kind_folder_replaced_by_a_link_is_never_written_through(tmp_path):
     store = ArtifactStore(f"file://{tmp_path}/store")
     store.put("rewards", K1, {"data.json": b"1"})
     (tmp_path / "store" / "rollouts").symlink_to(outside)
-    with pytest.raises(StoreLinkError, match=rf"holds a symbolic link in place of one of its folders: {tmp_path}/store/rollouts -> {outside}"):
+    with pytest.raises(
+        StoreLinkError, match=rf"holds a symbolic link in place of one of its folders: {tmp_path}/store/rollouts -> {outside}"
+    ):
         store.put("rollouts", K, {"data.json": b"new"})
     assert list(outside.iterdir()) == [], "nothing was written outside the store"
     with pytest.raises(StoreLinkError):
@@ -284,7 +293,9 @@ def test_a_read_only_command_moves_nothing(tmp_path):
     ArtifactStore(f"file://{tmp_path}").put("rollouts", K, {"data.json": b"good"})
     (tmp_path / "rollouts" / K / "data.json").write_bytes(b"evil")
     reader = ArtifactStore(f"file://{tmp_path}", quarantine=False)
-    with pytest.raises(CorruptArtifactError, match=r"Nothing was moved \(a read-only command\): `dagster-rl verify <experiment> --repair`"):
+    with pytest.raises(
+        CorruptArtifactError, match=r"Nothing was moved \(a read-only command\): `dagster-rl verify <experiment> --repair`"
+    ):
         reader.get("rollouts", K, "data.json")
     assert reader.exists("rollouts", K) and not (tmp_path / "quarantine").exists()
 

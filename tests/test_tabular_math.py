@@ -56,7 +56,9 @@ def test_logit_step_keeps_a_distribution_with_a_floor():
 
 
 def _reward(trial, prompt, docs, r):
-    return Reward(trial_id=trial, prompt=prompt, world_id="w0", docs_read=docs, verified=r > 0, components={}, score=0.0, reward=r)
+    return Reward(
+        trial_id=trial, prompt=prompt, world_id="w0", docs_read=docs, verified=r > 0, components={}, score=0.0, reward=r
+    )
 
 
 def test_update_moves_prior_toward_documents_of_positive_advantage_and_is_pure():

@@ -79,13 +79,17 @@ class Reinforce:  # the trainer backend: REINFORCE with GRPO advantages on the a
         for r, a in zip(rewards, advantages, strict=True):
             for i, p in enumerate(probs):
                 grad[i] += a * ((i == arms[r.trial_id]) - p) / len(rewards)
-        return ArmLogits(version=weights.version + 1, logits=[x + exp.learning_rate * g for x, g in zip(weights.logits, grad, strict=True)])
+        return ArmLogits(
+            version=weights.version + 1, logits=[x + exp.learning_rate * g for x, g in zip(weights.logits, grad, strict=True)]
+        )
 
 
 class BanditLoop:
     def initial_weights(self, exp: BanditExperiment, store: ArtifactStore) -> Weights[ArmLogits]:
         uniform = ArmLogits(version=0, logits=[0.0] * len(exp.task.payouts))
-        return Weights("initial", store.put_model("weights", cache_key("weights", "bandit-0", task=exp.task), uniform), uniform, 0)
+        return Weights(
+            "initial", store.put_model("weights", cache_key("weights", "bandit-0", task=exp.task), uniform), uniform, 0
+        )
 
     def load_weights(self, exp: BanditExperiment, store: ArtifactStore, partition: str, key: str) -> Weights[ArmLogits]:
         stored = store.get_model("weights", key, ArmLogits)
@@ -94,14 +98,20 @@ class BanditLoop:
     def iter_steps(self, exp, steps, start, store, backends: Backends, warn):
         weights = start
         for step in steps:
-            trials = [(f"s{step}-p{p}-n{n}", p, seed_of(exp.seed, step, p, n)) for p in range(exp.prompts_per_step) for n in range(exp.n_samples)]
+            trials = [
+                (f"s{step}-p{p}-n{n}", p, seed_of(exp.seed, step, p, n))
+                for p in range(exp.prompts_per_step)
+                for n in range(exp.n_samples)
+            ]
             stored = trial_set(  # trial by trial: a failed pull is never cached as a result
                 store,
                 "rollouts",
                 cache_key("rollouts", "bandit-1", task=exp.task, seed=exp.seed, step=step, behavior=weights.ref.content_hash),
                 Rollouts[Pull],
                 [t for t, _, _ in trials],
-                lambda pending, trials=trials, weights=weights: [backends.rollout.pull(t, p, s, weights.payload) for t, p, s in trials if t in pending],
+                lambda pending, trials=trials, weights=weights: [
+                    backends.rollout.pull(t, p, s, weights.payload) for t, p, s in trials if t in pending
+                ],
                 lambda pulls, failed, step=step, weights=weights, trials=trials: Rollouts[Pull](
                     step=step, behavior_policy=weights.lineage(), n_trials_planned=len(trials), trajectories=pulls, skipped=failed
                 ),

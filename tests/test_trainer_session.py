@@ -65,7 +65,9 @@ def test_cached_steps_never_start_a_session(session_run):
     before = counters.snapshot()
     again = session_run.run("tiny_grpo", SESSION_STEPS[0], SESSION_STEPS[-1])
     assert again.success and [session_run.latest("tiny_grpo", "weights", s)["cache"] for s in SESSION_STEPS] == ["hit"] * 3
-    assert counters.read("trainer_sessions") == before.get("trainer_sessions", 0) and counters.read("train_calls") == before.get("train_calls", 0)
+    assert counters.read("trainer_sessions") == before.get("trainer_sessions", 0) and counters.read("train_calls") == before.get(
+        "train_calls", 0
+    )
     assert reports(session_run, again.run_id) == [] and worker_processes(os.getpid()) == {}
 
 
@@ -96,7 +98,11 @@ def worker_processes(root: int) -> dict[int, dict[str, str]]:
     for pid in children(root):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            environ = dict(e.split("=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0") if "=" in e)
+            environ = dict(
+                e.split("=", 1)
+                for e in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+                if "=" in e
+            )
         except OSError:
             continue
         if b"dagster_rl.tasks.lm.train.entrypoint" in cmdline:
@@ -139,7 +145,9 @@ def test_a_worker_killed_mid_range_costs_a_restart_and_the_run_ends_byte_identic
     assert counters.read("trainer_sessions") - before.get("trainer_sessions", 0) == 2
     assert counters.read("train_calls") - before.get("train_calls", 0) == 4  # step 0001 twice
     said = reports(crashy, result.run_id)
-    assert [m["step"] for m in said][-2:] == [1, 2] and said[-2]["timings"]["from_memory"] == 0.0  # the new session loaded 0000's weights
+    assert [m["step"] for m in said][-2:] == [1, 2] and said[-2]["timings"][
+        "from_memory"
+    ] == 0.0  # the new session loaded 0000's weights
     assert hashes(crashy) == hashes(session_run)
     assert worker_processes(os.getpid()) == {}  # the range's end stopped the second session
 
@@ -180,18 +188,30 @@ def test_a_killed_driver_leaves_no_worker_and_the_next_run_resumes(tmp_path):
     driver, workers = session_up(first)
     os.kill(first.pid, signal.SIGKILL)
     first.wait(10)
-    wait_until(lambda: not any(process_alive(p) for p in [driver, *workers]), 20, 0.1, lambda: f"left alive: {[p for p in [driver, *workers] if process_alive(p)]}")
+    wait_until(
+        lambda: not any(process_alive(p) for p in [driver, *workers]),
+        20,
+        0.1,
+        lambda: f"left alive: {[p for p in [driver, *workers] if process_alive(p)]}",
+    )
 
     second = materialize(env, "sessions", "0000", "0011")
     driver, workers = session_up(second)
     os.kill(driver, signal.SIGKILL)
     started = time.monotonic()
-    wait_until(lambda: not any(process_alive(p) for p in workers), 30, 0.1, lambda: f"workers outlived their driver: {[p for p in workers if process_alive(p)]}")
+    wait_until(
+        lambda: not any(process_alive(p) for p in workers),
+        30,
+        0.1,
+        lambda: f"workers outlived their driver: {[p for p in workers if process_alive(p)]}",
+    )
     print(json.dumps({"workers_gone_after_s": round(time.monotonic() - started, 2)}))
     out, _ = second.communicate(timeout=120)
     assert second.returncode != 0, out  # its step process died: the run failed
 
-    done = sorted({int(p) for p, _ in weights_steps(home, "sessions")})  # maybe none: a step's answer comes before its materialization
+    done = sorted(
+        {int(p) for p, _ in weights_steps(home, "sessions")}
+    )  # maybe none: a step's answer comes before its materialization
     step = f"{done[-1] + 1 if done else 0:04d}"
     third = materialize(env, "sessions", step, step)
     out, _ = third.communicate(timeout=600)
@@ -212,7 +232,9 @@ def _serve_in_thread(folder: Path) -> threading.Thread:
 def test_workers_stop_when_told_when_idle_and_when_their_driver_is_gone(tmp_path, why):
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) if why == "owner gone" else None
     try:
-        spec = SessionSpec(device="cpu", idle_timeout_s=1.0 if why == "idle" else 60.0, owner=identity(owner.pid) if owner else None)
+        spec = SessionSpec(
+            device="cpu", idle_timeout_s=1.0 if why == "idle" else 60.0, owner=identity(owner.pid) if owner else None
+        )
         folder = create_folder(tmp_path, spec)
         started = time.monotonic()
         thread = _serve_in_thread(folder)
@@ -278,7 +300,9 @@ def test_a_session_that_stopped_idle_is_replaced_and_the_step_trains_as_a_launch
     assert list((tmp_path / "s").iterdir()) == []  # both folders removed
 
     per_step = LMTrainer(launch=lambda command, env: subprocess_launch(alone(command), env), workdir=tmp_path / "p")
-    one, _ = per_step.train(exp.model_copy(update={"trainer": exp.trainer.model_copy(update={"session": "step"})}), initial, rollouts, rewards)
+    one, _ = per_step.train(
+        exp.model_copy(update={"trainer": exp.trainer.model_copy(update={"session": "step"})}), initial, rollouts, rewards
+    )
     two, _ = per_step.train(exp, one, rollouts, rewards)  # no `start`: a launch per step whatever the setting
     assert one == first and two == second and metrics.version == 2
 
@@ -291,7 +315,11 @@ def test_the_session_folder_of_a_killed_driver_is_removed_by_the_next_driver_on_
     from dagster_rl.tasks.lm.train.session import OWNER
 
     gone = subprocess.run(
-        [sys.executable, "-c", "from dagster_rl.runtime.lifetime import identity; print(identity())"], cwd=REPO, capture_output=True, text=True, check=True
+        [sys.executable, "-c", "from dagster_rl.runtime.lifetime import identity; print(identity())"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     host = socket.gethostname()
     owners = {"killed": f"{host} {gone}", "running": f"{host} {identity()}", "elsewhere": f"another-host {gone}", "unowned": None}
@@ -302,7 +330,9 @@ def test_the_session_folder_of_a_killed_driver_is_removed_by_the_next_driver_on_
         if owner is not None:
             (folders[name] / OWNER).write_text(owner)
     made = create_folder(tmp_path, SessionSpec(idle_timeout_s=1.0))
-    assert sorted(p.name for p in tmp_path.iterdir() if p.exists()) == sorted([made.name, *(folders[n].name for n in ("running", "elsewhere", "unowned"))])
+    assert sorted(p.name for p in tmp_path.iterdir() if p.exists()) == sorted(
+        [made.name, *(folders[n].name for n in ("running", "elsewhere", "unowned"))]
+    )
     assert (made / OWNER).read_text() == f"{host} {identity()}"
 
 
@@ -311,11 +341,17 @@ def test_ctrl_c_of_a_range_with_a_trainer_session_ends_with_one_line_and_leaves_
     Pipes' "did not receive closed message" besides the interruption's error."""
     from tests.cli_runs import train_until
 
-    settings = session_settings(name="slow", n_steps=12, prompts_per_step=4, n_samples=4, min_trials_per_step=8, faults={"step_delay_s": 1.0})
+    settings = session_settings(
+        name="slow", n_steps=12, prompts_per_step=4, n_samples=4, min_trials_per_step=8, faults={"step_delay_s": 1.0}
+    )
     home, env = home_with(tmp_path, settings)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    code, lines = train_until({**env, "TMPDIR": str(scratch)}, tmp_path, ["slow", "0000...0011"], "step 0000 ", signal.SIGINT, group=True)
-    assert code == 130 and lines[-1].endswith("(slow_train, steps 0000...0011) interrupted; re-run the same range to resume"), lines
+    code, lines = train_until(
+        {**env, "TMPDIR": str(scratch)}, tmp_path, ["slow", "0000...0011"], "step 0000 ", signal.SIGINT, group=True
+    )
+    assert code == 130 and lines[-1].endswith("(slow_train, steps 0000...0011) interrupted; re-run the same range to resume"), (
+        lines
+    )
     assert not [line for line in lines if re.search(r"Traceback|Error|Warning|WARNING|ERROR|did not receive", line)], lines
     assert not list(scratch.glob("dagster-rl-session-*")), "the session's folder is removed"

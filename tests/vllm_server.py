@@ -82,7 +82,9 @@ def vllm(tmp_path_factory):
     model = vllm_model(tmp_path_factory.mktemp("vllm-model") / "tiny-qwen2-vllm")
     port = free_port()
     command = vllm_cpu_command(str(model), port, python=python, generation_config=None)  # vLLM's default: the folder's
-    env = RolloutEnvironment(base_url=f"http://127.0.0.1:{port}/v1", server_command=command, server_startup_timeout_s=STARTUP_TIMEOUT_S)
+    env = RolloutEnvironment(
+        base_url=f"http://127.0.0.1:{port}/v1", server_command=command, server_startup_timeout_s=STARTUP_TIMEOUT_S
+    )
     t0 = time.monotonic()
     env.endpoint().start([])  # what a backend calls before its first request (vLLM ignores the adapter roots)
     server = RealVLLM(env, str(model), time.monotonic() - t0)

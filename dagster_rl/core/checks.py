@@ -29,7 +29,9 @@ def rewards_in_bounds(rewards: list, low: float, high: float) -> CheckOutcome:
     outside = [r.trial_id for r in rewards if not (low <= r.reward <= high and math.isfinite(r.reward))]
     passed = not outside
     message = f"all {len(rewards)} rewards in [{low}, {high}]" if passed else f"rewards outside [{low}, {high}]: {outside[:5]}"
-    return CheckOutcome(name="rewards_in_bounds", passed=passed, message=message, value=float(len(outside)), measure="rewards_out_of_bounds")
+    return CheckOutcome(
+        name="rewards_in_bounds", passed=passed, message=message, value=float(len(outside)), measure="rewards_out_of_bounds"
+    )
 
 
 def enough_usable_trials(n_trials: int, planned: int, minimum: float) -> CheckOutcome:
@@ -89,7 +91,9 @@ def on_policy(
     max_abs, mean_abs = tolerance
     bounds = f"(bounds {max_abs:g} and {mean_abs:g}, {dtype})"
     if max_dev <= max_abs and abs(mean_dev) <= mean_abs:
-        return CheckOutcome(name="on_policy", passed=True, message=f"{measured} {bounds}", value=max_dev, measure=ON_POLICY_MEASURE)
+        return CheckOutcome(
+            name="on_policy", passed=True, message=f"{measured} {bounds}", value=max_dev, measure=ON_POLICY_MEASURE
+        )
     message = (
         f"{measured}, beyond {bounds}: the rollouts were not sampled from the policy the trainer scores, so GRPO "
         f"would train off-policy. {OFF_POLICY_CAUSES} The step's rollouts were moved aside: fix the cause, then re-run "

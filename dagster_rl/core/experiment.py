@@ -10,8 +10,8 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from dagster_rl.core import bounds
 from dagster_rl.core.hashing import content_hash
-from dagster_rl.runtime.pods import PodResources
 from dagster_rl.core.strict import Strict  # noqa: F401 - settings modules import it from here
+from dagster_rl.runtime.pods import PodResources
 
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ADVANTAGE_EPS = "added to a group's reward std before dividing: advantage = (r - mean) / (std + eps)"  # a field description
@@ -22,7 +22,10 @@ class Faults(Strict):
     """Seeded fault injection, active on the first attempt only."""
 
     crash_driver_at_step: int = Field(
-        -1, ge=-1, le=bounds.MAX_STEPS, description="the driver crashes after finishing this step, on the run's first attempt only; -1: never"
+        -1,
+        ge=-1,
+        le=bounds.MAX_STEPS,
+        description="the driver crashes after finishing this step, on the run's first attempt only; -1: never",
     )
     flaky_trial_rate: float = Field(0.0, ge=0.0, lt=1.0, description="chance that a trial's first attempt fails (seeded)")
     judge_flake_rate: float = Field(0.0, ge=0.0, lt=1.0, description="chance that a judgement's first attempt fails (seeded)")
@@ -118,7 +121,9 @@ class Experiment(Strict):
     def step_keys(self) -> list[str]:
         return [step_key(i) for i in range(self.n_steps)]
 
-    NOT_TRAINING: ClassVar[frozenset[str]] = frozenset({"name", "description", "fork_of", "n_steps", "faults", "checks", "driver_pod"})
+    NOT_TRAINING: ClassVar[frozenset[str]] = frozenset(
+        {"name", "description", "fork_of", "n_steps", "faults", "checks", "driver_pod"}
+    )
 
     def training_inputs(self) -> dict[str, Any]:
         """Every setting that changes what the steps compute (not names, steps, faults or checks)."""

@@ -27,7 +27,6 @@ from dagster_rl.core.errors import ExperimentError
 from dagster_rl.core.experiment import Experiment
 from dagster_rl.core.task import task_of
 
-
 SUFFIXES = (".yaml", ".yml")
 MAX_FILE_BYTES = 1 << 20  # an experiment file is a page of settings; the largest shipped one is under 2 KiB
 
@@ -115,7 +114,13 @@ def read_bounded(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
 
 
 def _file_type(mode: int) -> str:
-    kinds = ((stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
+    kinds = (
+        (stat.S_ISDIR, "folder"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+    )
     return next((name for test, name in kinds if test(mode)), "special file")
 
 
@@ -185,7 +190,9 @@ def read_experiments(directory: Path) -> ExperimentFiles:
             raw = _read_yaml(path)
             name = raw.get("name")
             if not isinstance(name, str):
-                raise ExperimentError(f"{path}: invalid experiment: field 'name': a name (letters, digits, underscores) is required")
+                raise ExperimentError(
+                    f"{path}: invalid experiment: field 'name': a name (letters, digits, underscores) is required"
+                )
         except ExperimentError as e:
             errors[str(path)] = str(e)
             continue
@@ -208,7 +215,9 @@ def read_experiments(directory: Path) -> ExperimentFiles:
         if parent is None:
             return raw
         if parent not in by_name:
-            raise ExperimentError(f"{path}: field 'fork_of': no experiment named '{parent}' in {directory} (or its file is invalid)")
+            raise ExperimentError(
+                f"{path}: field 'fork_of': no experiment named '{parent}' in {directory} (or its file is invalid)"
+            )
         if parent in seen:
             raise ExperimentError(f"{path}: field 'fork_of': forks form a cycle {' -> '.join(seen + (parent,))}")
         inherited = {k: v for k, v in resolved(parent, seen + (parent,)).items() if k not in ("description", "fork_of")}

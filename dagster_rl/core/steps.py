@@ -19,8 +19,8 @@ from dagster_rl.core.errors import CorruptArtifactError
 from dagster_rl.core.hashing import cache_key, canonical_json
 from dagster_rl.core.records import Rewards, Rollouts, TrialFailed
 from dagster_rl.core.retries import AttemptsExhausted
-from dagster_rl.store.artifact_store import DATA, ArtifactRef, ArtifactStore
 from dagster_rl.core.task import JudgeBackend, Warn
+from dagster_rl.store.artifact_store import DATA, ArtifactRef, ArtifactStore
 
 X = TypeVar("X")
 V = TypeVar("V", bound=Rollouts | Rewards)  # a trial set
@@ -105,9 +105,7 @@ def _latest_partial(store: ArtifactStore, kind: str, key: str, record: type[V], 
         return None
 
 
-def judge_all(
-    exp: Any, trajectories: list, judge: JudgeBackend, done: Callable[[int], None] = lambda n: None
-) -> list[Outcome]:
+def judge_all(exp: Any, trajectories: list, judge: JudgeBackend, done: Callable[[int], None] = lambda n: None) -> list[Outcome]:
     """Judge every trajectory concurrently, `judge.limits.max_concurrency` at a time: one outcome
     each, its reward or a TrialFailed when its judging still failed after its retries. `done(1)`
     is called as each judgement ends (progress)."""
@@ -137,7 +135,9 @@ class Judged:
     def add(self, trajectory: Any, outcome: Outcome) -> None:
         self._by_trial[trajectory.trial_id] = (trajectory, outcome)
 
-    def judge(self, exp: Any, trajectories: list, judge: JudgeBackend, done: Callable[[int], None] = lambda n: None) -> list[Outcome]:
+    def judge(
+        self, exp: Any, trajectories: list, judge: JudgeBackend, done: Callable[[int], None] = lambda n: None
+    ) -> list[Outcome]:
         """One outcome per trajectory: the judgement made while generating, else judged now."""
         known = [self._by_trial.get(t.trial_id) for t in trajectories]
         reused = [k[1] for t, k in zip(trajectories, known, strict=True) if k is not None and k[0] == t]

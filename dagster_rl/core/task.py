@@ -337,7 +337,9 @@ class Task(Generic[E]):
 
     def backend(self, tier: Literal["rollout", "trainer"], exp: E, env: Any) -> RolloutBackend | TrainerBackend:
         """The backend of `tier` that the experiment names (`exp.backends()`), built for `env`."""
-        factories: Mapping[str, Callable[[E, Any], RolloutBackend | TrainerBackend]] = self.rollout if tier == "rollout" else self.trainer
+        factories: Mapping[str, Callable[[E, Any], RolloutBackend | TrainerBackend]] = (
+            self.rollout if tier == "rollout" else self.trainer
+        )
         name = exp.backends()[tier]
         if name not in factories:
             raise ValueError(f"task {self.kind} has no {tier} backend {name!r}; it has {', '.join(sorted(factories))}")

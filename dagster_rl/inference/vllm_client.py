@@ -37,6 +37,7 @@ TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
 # float32 rounding (vLLM and serve compute it as x - max - log(sum exp(x - max)), exactly <= 0 on the CPU)
 LOGPROB_SLACK = 1e-5
 
+
 @dataclass(frozen=True)
 class Neutral:
     """A sampling field at its neutral value: `value`, what every request sends (when `sent`), and
@@ -45,7 +46,9 @@ class Neutral:
 
     value: Any
     same: tuple[Any, ...] = ()
-    sent: bool = True  # False: requests leave it out (a field unknown to vLLM 0.32, or one that only a text prompt or beam search reads)
+    sent: bool = (
+        True  # False: requests leave it out (a field unknown to vLLM 0.32, or one that only a text prompt or beam search reads)
+    )
 
     @property
     def accepted(self) -> tuple[Any, ...]:
@@ -151,14 +154,18 @@ def token_id(token: Any, server: str = "rollout server") -> int:
     return int(m.group(1))
 
 
-def parse_completion(payload: Any, raw: bytes, sampling: ServerSampling, vocab: int | None, server: str = "rollout server") -> Completion:
+def parse_completion(
+    payload: Any, raw: bytes, sampling: ServerSampling, vocab: int | None, server: str = "rollout server"
+) -> Completion:
     """A /v1/completions answer of one choice with logprobs (one was asked for: more is a broken
     rule), read as token ids and log-probabilities, and checked against what was asked
     (`check_completion`): everything the rollout backend takes from a server's reply is read here.
     `server` names the server in errors."""
     choices = payload.get("choices") if isinstance(payload, dict) else None
     if isinstance(choices, list) and len(choices) > 1:  # a request asks for one (n = 1): another is a sample nobody asked for
-        raise ServerReplyError(f"{server} sent a completion that breaks the rule 'one choice per request (n = 1)': {len(choices)} choices")
+        raise ServerReplyError(
+            f"{server} sent a completion that breaks the rule 'one choice per request (n = 1)': {len(choices)} choices"
+        )
     try:
         choice = payload["choices"][0]
         lp = choice["logprobs"]
@@ -215,7 +222,9 @@ def check_completion(c: Completion, sampling: ServerSampling, vocab: int | None,
     for i, d in enumerate(c.top_logprobs or []):
         for t, v in d.items():
             if t < 0 or (vocab is not None and t >= vocab) or not math.isfinite(v) or v > LOGPROB_SLACK:
-                raise broke("top_logprobs: ids in the vocabulary, log-probabilities finite and <= 0", f"{{{t}: {v}}} at position {i}")
+                raise broke(
+                    "top_logprobs: ids in the vocabulary, log-probabilities finite and <= 0", f"{{{t}: {v}}} at position {i}"
+                )
     stops = set(sampling.stop_token_ids)
     early = next((i for i, t in enumerate(ids[:-1]) if t in stops), None)
     if early is not None:
@@ -224,10 +233,15 @@ def check_completion(c: Completion, sampling: ServerSampling, vocab: int | None,
     if c.finish_reason not in ("stop", "length"):
         raise broke("finish_reason 'stop' or 'length'", f"finish_reason {c.finish_reason!r}")
     if c.finish_reason == "stop" and not ends_at_stop:
-        raise broke("finish_reason 'stop' <=> the last token is a stop token", f"finish_reason 'stop', last token {ids[-1]}, stop tokens {sorted(stops)}")
+        raise broke(
+            "finish_reason 'stop' <=> the last token is a stop token",
+            f"finish_reason 'stop', last token {ids[-1]}, stop tokens {sorted(stops)}",
+        )
     if c.finish_reason == "length" and (ends_at_stop or n != sampling.max_tokens):
         detail = f"it ends at the stop token {ids[-1]}" if ends_at_stop else f"{n} tokens, max_tokens {sampling.max_tokens}"
-        raise broke("finish_reason 'length' <=> exactly max_tokens tokens, the last no stop token", f"finish_reason 'length', {detail}")
+        raise broke(
+            "finish_reason 'length' <=> exactly max_tokens tokens, the last no stop token", f"finish_reason 'length', {detail}"
+        )
 
 
 class VLLMClient:
@@ -274,7 +288,9 @@ class VLLMClient:
         """One completion of a token-id prompt, sampled with `seed`, as token ids and their
         log-probabilities; a `ServerReplyError` unless it keeps every rule of `check_completion`
         (`vocab`: the model's vocabulary size, which bounds its token ids; None where it is not known)."""
-        payload, raw = self.http.call_json("POST", "/completions", completion_body(model, prompt_ids, sampling, seed, logprobs), timeout_s)
+        payload, raw = self.http.call_json(
+            "POST", "/completions", completion_body(model, prompt_ids, sampling, seed, logprobs), timeout_s
+        )
         return parse_completion(payload, raw, sampling, vocab, f"rollout server {self.base_url} (model {model})")
 
     def close(self) -> None:

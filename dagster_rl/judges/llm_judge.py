@@ -36,10 +36,10 @@ from dagster_rl.core import counters
 from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.core.faults import maybe_fail
 from dagster_rl.core.hashing import content_hash
-from dagster_rl.inference.http_json import EndpointError, JSONEndpoint
-from dagster_rl.judges.journal import JudgeCall, JudgeJournal, trajectory_hash
 from dagster_rl.core.retries import AttemptsExhausted, Limits, with_retries
 from dagster_rl.core.task import LLMGrading
+from dagster_rl.inference.http_json import EndpointError, JSONEndpoint
+from dagster_rl.judges.journal import JudgeCall, JudgeJournal, trajectory_hash
 
 _SCORE = re.compile(r"score\s*[:=]\s*([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.IGNORECASE)
 
@@ -64,7 +64,9 @@ def parse_score(reply: Any, who: str = "the judge") -> float:
         raise LLMJudgeError(f"{who} answered a message whose content is not text: {str(reply)[:300]!r}")
     found = list(dict.fromkeys(float(m.group(1)) for m in _SCORE.finditer(reply)))
     if len(found) > 1:
-        raise LLMJudgeError(f"{who} answered {len(found)} different scores ({', '.join(map(str, found[:5]))}), not one: {reply[:300]!r}")
+        raise LLMJudgeError(
+            f"{who} answered {len(found)} different scores ({', '.join(map(str, found[:5]))}), not one: {reply[:300]!r}"
+        )
     value: Any = found[0] if found else None
     if value is None:
         try:
@@ -102,7 +104,9 @@ class OpenAIChatClient:
         except (KeyError, IndexError, TypeError):
             content = None
         if not isinstance(content, str):
-            raise LLMJudgeError(f"judge endpoint {self.url} answered something that is not a chat completion with text: {raw[:300]!r}")
+            raise LLMJudgeError(
+                f"judge endpoint {self.url} answered something that is not a chat completion with text: {raw[:300]!r}"
+            )
         return content
 
 
@@ -152,7 +156,12 @@ class LLMJudge:
 
     def request(self, exp: Any, traj: Any) -> dict[str, Any]:
         """The body of the request that grades `traj`: the question, and the journal's key."""
-        return {"model": self.model, "messages": self.grading.messages(exp, traj), "temperature": self.temperature, "max_tokens": self.max_tokens}
+        return {
+            "model": self.model,
+            "messages": self.grading.messages(exp, traj),
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
 
     def judge(self, exp: Any, traj: Any) -> Any:
         t_hash, r_hash = trajectory_hash(traj), rubric_hash(exp.rubric, self.grading.prompt_version)

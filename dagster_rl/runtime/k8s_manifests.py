@@ -168,4 +168,6 @@ def owned_by(job: dict[str, Any], uid: str) -> dict[str, Any]:
 def expand(value: str, env: dict[str, str]) -> str:
     """Kubernetes' expansion of $(VAR) in a container's command and args: a defined VAR is replaced,
     `$$` is a literal `$`, anything else is left as it is."""
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), value)
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), value
+    )

@@ -13,7 +13,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import Field, field_validator
 
-from dagster_rl.core.bounds import MAX_DEADLINE_S, MAX_NODES, MAX_STEPS, MAX_RESTARTS, NODE_GPUS
+from dagster_rl.core.bounds import MAX_DEADLINE_S, MAX_NODES, MAX_RESTARTS, MAX_STEPS, NODE_GPUS
 from dagster_rl.core.strict import Strict
 from dagster_rl.runtime.workers import Workers
 
@@ -27,7 +27,9 @@ class Toleration(Strict):
     key: str = Field("", description="the taint's key; empty with Exists: every taint")
     operator: Literal["Equal", "Exists"] = Field("Equal", description="Equal: the value must match; Exists: any value")
     value: str = Field("", description="the taint's value (with Equal)")
-    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = Field("", description="the taint's effect; empty: every effect")
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
+        "", description="the taint's effect; empty: every effect"
+    )
 
     def manifest(self) -> dict[str, str]:
         return {k: v for k, v in self.model_dump().items() if v}

@@ -142,7 +142,9 @@ class ArtifactStore:
         try:
             raw = self.storage.read(check_kind(kind), check_key(key), MANIFEST)
         except (FileNotFoundError, NotADirectoryError):
-            raise MissingArtifactError(f"artifact {kind}/{key} is not in the store at {self.url}; re-run the step that makes it") from None
+            raise MissingArtifactError(
+                f"artifact {kind}/{key} is not in the store at {self.url}; re-run the step that makes it"
+            ) from None
         try:
             files = json.loads(raw)["files"]
             if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
@@ -159,7 +161,9 @@ class ArtifactStore:
         try:
             data = self.storage.read(kind, key, name)
         except FileNotFoundError:
-            raise CorruptArtifactError(f"artifact {kind}/{key}: its file {name} is missing, though its manifest lists it") from None
+            raise CorruptArtifactError(
+                f"artifact {kind}/{key}: its file {name} is missing, though its manifest lists it"
+            ) from None
         if sha256_hex(data) != manifest[name]:
             raise CorruptArtifactError(
                 f"artifact {kind}/{key}: its file {name} is corrupt ({len(data)} bytes whose hash does not match the manifest)"
@@ -172,7 +176,9 @@ class ArtifactStore:
             return read()
         except ArtifactMismatchError as e:
             fix = self._recorded[(kind, key)].fix
-            moved = self.move_aside(kind, key, reason="mismatch") if self.quarantine else "Nothing was moved (a read-only command)."
+            moved = (
+                self.move_aside(kind, key, reason="mismatch") if self.quarantine else "Nothing was moved (a read-only command)."
+            )
             raise ArtifactMismatchError(f"{e} {moved} Then {fix}.") from None
         except CorruptArtifactError as e:
             if not self.quarantine:

@@ -45,7 +45,9 @@ def check_kind(kind: Any) -> str:
 def check_name(kind: str, key: str, name: Any) -> str:
     """`name` if it is a plain file name; `CorruptArtifactError` (a manifest lists it) otherwise."""
     if not isinstance(name, str) or not FILE_NAME.match(name):
-        raise CorruptArtifactError(f"artifact {kind}/{key} lists a file named {str(name)[:100]!r}, which is not a plain file name")
+        raise CorruptArtifactError(
+            f"artifact {kind}/{key} lists a file named {str(name)[:100]!r}, which is not a plain file name"
+        )
     return name
 
 

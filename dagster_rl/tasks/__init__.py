@@ -1,5 +1,5 @@
 """The tasks, each a package that registers itself (`dagster_rl.core.task.register`).
 
-    secret_search  the agentic sandbox world, tabular document priors
-    lm             language models: GRPO over a LoRA adapter, prompts with verifiable answers
+secret_search  the agentic sandbox world, tabular document priors
+lm             language models: GRPO over a LoRA adapter, prompts with verifiable answers
 """

@@ -20,30 +20,40 @@ import subprocess
 import tempfile
 import threading
 import time
-import dagster_rl
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import dagster_rl
 from dagster_rl.core import counters
 from dagster_rl.core.faults import InjectedFault, maybe_fail
-from dagster_rl.tasks.lm.experiment import LMExperiment
 from dagster_rl.core.hashing import content_hash
-from dagster_rl.runtime.lifetime import identity
-from dagster_rl.tasks.lm.model.policy import Policy, checkpoint_hash, load_adapter, load_checkpoint, load_policy, save_checkpoint
-from dagster_rl.tasks.lm.rewards import LMReward
-from dagster_rl.tasks.lm.train.session import SessionEnded, SessionSpec, TrainerSession, create_folder
-from dagster_rl.tasks.lm.records import LMRollout, RolloutRequest
-from dagster_rl.tasks.lm.rollout.hf import generate_rollouts
-from dagster_rl.tasks.lm.train.trainer import OldLogp, TrainMetrics
-from dagster_rl.tasks.lm.train.entrypoint import CHECKPOINT_DIR, METRICS, TIMINGS, TrainerStateSlot, TrainBatch, TrainJob, launch_torchrun, run_job, write_job
-from dagster_rl.runtime.pods import COMPLETION_INDEX, MASTER_ADDR, MASTER_PORT, PodJob, PodLauncher
 from dagster_rl.core.records import TrialFailed
 from dagster_rl.core.retries import Limits, with_retries
 from dagster_rl.core.task import Launch, Weights
+from dagster_rl.runtime.lifetime import identity
+from dagster_rl.runtime.pods import COMPLETION_INDEX, MASTER_ADDR, MASTER_PORT, PodJob, PodLauncher
 from dagster_rl.runtime.workers import ProcessWorkers, Start
+from dagster_rl.tasks.lm.experiment import LMExperiment
+from dagster_rl.tasks.lm.model.policy import Policy, checkpoint_hash, load_adapter, load_checkpoint, load_policy, save_checkpoint
+from dagster_rl.tasks.lm.records import LMRollout, RolloutRequest
+from dagster_rl.tasks.lm.rewards import LMReward
+from dagster_rl.tasks.lm.rollout.hf import generate_rollouts
+from dagster_rl.tasks.lm.train.entrypoint import (
+    CHECKPOINT_DIR,
+    METRICS,
+    TIMINGS,
+    TrainBatch,
+    TrainerStateSlot,
+    TrainJob,
+    launch_torchrun,
+    run_job,
+    write_job,
+)
+from dagster_rl.tasks.lm.train.session import SessionEnded, SessionSpec, TrainerSession, create_folder
+from dagster_rl.tasks.lm.train.trainer import OldLogp, TrainMetrics
 
 # The folder that holds the `dagster_rl` package: the trainer processes' working folder and first PYTHONPATH entry.
 SOURCE_ROOT = Path(dagster_rl.__file__).resolve().parent.parent
@@ -112,7 +122,9 @@ class HFRollouts:
         with self.policies.use(exp, behavior.payload) as policy:
             return self._generate(exp, policy, requests, template)
 
-    def _generate(self, exp: LMExperiment, policy: Policy, requests: Sequence[RolloutRequest], template: str) -> list[LMRollout | TrialFailed]:
+    def _generate(
+        self, exp: LMExperiment, policy: Policy, requests: Sequence[RolloutRequest], template: str
+    ) -> list[LMRollout | TrialFailed]:
         done: dict[str, LMRollout] = {}
         errors: dict[str, BaseException] = {}
         pending = list(requests)
@@ -227,9 +239,19 @@ class LMTrainer:
         self.sessions.close()
 
     def _job(self, exp, step: int, batch: Path, output: Path, **inputs) -> TrainJob:
-        return TrainJob(policy=exp.policy, device=exp.policy.device, grpo=exp.grpo, batch=str(batch), output_dir=str(output), step=step, **inputs)
+        return TrainJob(
+            policy=exp.policy,
+            device=exp.policy.device,
+            grpo=exp.grpo,
+            batch=str(batch),
+            output_dir=str(output),
+            step=step,
+            **inputs,
+        )
 
-    def _run(self, exp, step, previous, rollouts, rewards, reference, old_logp, tmp: Path) -> tuple[dict[str, bytes], TrainMetrics, dict[str, float]]:
+    def _run(
+        self, exp, step, previous, rollouts, rewards, reference, old_logp, tmp: Path
+    ) -> tuple[dict[str, bytes], TrainMetrics, dict[str, float]]:
         (tmp / "batch.json").write_text(TrainBatch(rollouts=rollouts, rewards=rewards).model_dump_json())
         job = self._job(
             exp,
@@ -260,13 +282,17 @@ class LMTrainer:
         }
 
     # ---- a session for the range ----------------------------------------------------------------
-    def _in_session(self, exp, step, previous, rollouts, rewards, reference, old_logp) -> tuple[dict[str, bytes], TrainMetrics, dict[str, float]]:
+    def _in_session(
+        self, exp, step, previous, rollouts, rewards, reference, old_logp
+    ) -> tuple[dict[str, bytes], TrainMetrics, dict[str, float]]:
         try:
             return self._hand_over(exp, step, previous, rollouts, rewards, reference, old_logp)
         except SessionEnded:  # its workers stopped, idle, just before this step came: new ones take it
             return self._hand_over(exp, step, previous, rollouts, rewards, reference, old_logp)
 
-    def _hand_over(self, exp, step, previous, rollouts, rewards, reference, old_logp) -> tuple[dict[str, bytes], TrainMetrics, dict[str, float]]:
+    def _hand_over(
+        self, exp, step, previous, rollouts, rewards, reference, old_logp
+    ) -> tuple[dict[str, bytes], TrainMetrics, dict[str, float]]:
         """The step, through the range's session (opened now when there is none)."""
         try:
             session = self.sessions.get(lambda n: self._open(exp, step, n))
@@ -285,7 +311,9 @@ class LMTrainer:
                 reference_hash=ref_hash,
                 old_logp=old_logp,
             )
-            files, answer = session.run(seq, job.model_dump_json(), directory / "output" / CHECKPOINT_DIR, self._step_timeout(exp))
+            files, answer = session.run(
+                seq, job.model_dump_json(), directory / "output" / CHECKPOINT_DIR, self._step_timeout(exp)
+            )
         except BaseException:
             # a failed step, a dead session, a deadline, an interrupt, workers that stopped idle: the
             # session is ended; the next attempt starts new workers, which load the last stored weights
@@ -307,7 +335,9 @@ class LMTrainer:
         if parent is not None:
             Path(parent).mkdir(parents=True, exist_ok=True)
         owner = identity() if self.pods is None else None  # pods cannot see this process: they stop when idle
-        folder = create_folder(parent, SessionSpec(device=exp.policy.device, idle_timeout_s=t.session_idle_timeout_s, owner=owner))
+        folder = create_folder(
+            parent, SessionSpec(device=exp.policy.device, idle_timeout_s=t.session_idle_timeout_s, owner=owner)
+        )
         try:
             if self.pods is not None:
                 workers = self.pods.start(self.pod_job(exp, folder, step, session=number))

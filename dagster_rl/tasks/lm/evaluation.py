@@ -1,10 +1,10 @@
 """Held-out evaluation of a policy: greedy completions of the eval split, scored by the rubric."""
 
+from dagster_rl.core.records import Record
+from dagster_rl.tasks.lm.data.prompts import PromptSet
 from dagster_rl.tasks.lm.model.policy import Policy
 from dagster_rl.tasks.lm.rewards import LMRubric, score_text
 from dagster_rl.tasks.lm.rollout.hf import greedy_completions
-from dagster_rl.tasks.lm.data.prompts import PromptSet
-from dagster_rl.core.records import Record
 
 
 class Evaluation(Record):

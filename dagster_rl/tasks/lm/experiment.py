@@ -7,8 +7,8 @@ from pydantic import Field, model_validator
 from dagster_rl.core import bounds
 from dagster_rl.core.experiment import Checks, Experiment, Strict
 from dagster_rl.runtime.pods import PodResources
-from dagster_rl.tasks.lm.settings import GRPOLMSettings, LMRubric, PolicySettings, SamplingSettings, WarmupSettings
 from dagster_rl.tasks.lm.data.prompts import PromptSource, SyntheticPrompts
+from dagster_rl.tasks.lm.settings import GRPOLMSettings, LMRubric, PolicySettings, SamplingSettings, WarmupSettings
 
 
 class VerifiablePromptsTask(Strict):
@@ -82,7 +82,9 @@ class LMTrainerSettings(Strict):
     backend: Literal["in_process", "torchrun", "k8s"] = Field(
         "in_process", description="in the driver's process, torchrun workers on this machine, or an Indexed Job of pods"
     )
-    session: Literal["range", "step"] = Field("range", description="torchrun, k8s: workers for a range of steps, or a launch per step")
+    session: Literal["range", "step"] = Field(
+        "range", description="torchrun, k8s: workers for a range of steps, or a launch per step"
+    )
     session_idle_timeout_s: int = Field(
         1800,
         ge=1,
@@ -94,10 +96,16 @@ class LMTrainerSettings(Strict):
     threads_per_process: int = Field(1, ge=1, le=bounds.MAX_THREADS, description="torch threads of each trainer process")
     nodes: int = Field(1, ge=1, le=bounds.MAX_NODES, description="k8s: pods of the Job")
     max_restarts: int = Field(
-        0, ge=0, le=bounds.MAX_RESTARTS, description="k8s: restarts of the whole set of pods after a pod fails (per step in a session)"
+        0,
+        ge=0,
+        le=bounds.MAX_RESTARTS,
+        description="k8s: restarts of the whole set of pods after a pod fails (per step in a session)",
     )
     active_deadline_s: int = Field(
-        3600, ge=60, le=bounds.MAX_DEADLINE_S, description="k8s: a step fails after this long (a session's Job: after n_steps times this)"
+        3600,
+        ge=60,
+        le=bounds.MAX_DEADLINE_S,
+        description="k8s: a step fails after this long (a session's Job: after n_steps times this)",
     )
     pods: PodResources = Field(default_factory=PodResources, description="k8s: what each trainer pod needs")
 
@@ -124,9 +132,13 @@ class LMExperiment(Experiment):
     sampling: SamplingSettings = Field(SamplingSettings(), description="how rollouts are sampled")
     rubric: LMRubric = Field(LMRubric(), description="the reward: accuracy, and the answer's form")
     grpo: GRPOLMSettings = Field(GRPOLMSettings(), description="the GRPO update: clipped ratio, KL, AdamW")
-    rollout: LMRolloutSettings = Field(LMRolloutSettings(), description="where rollouts are generated; the engine is in the rollouts' cache key")
+    rollout: LMRolloutSettings = Field(
+        LMRolloutSettings(), description="where rollouts are generated; the engine is in the rollouts' cache key"
+    )
     checks: LMChecks = Field(LMChecks(), description="thresholds of the blocking checks on each step, on_policy's included")
-    trainer: LMTrainerSettings = Field(LMTrainerSettings(), description="where the update runs; only its world size is in a cache key")
+    trainer: LMTrainerSettings = Field(
+        LMTrainerSettings(), description="where the update runs; only its world size is in a cache key"
+    )
     warmup: WarmupSettings | None = Field(None, description="supervised warm-up of the adapter before step 0 (`<exp>/sft`)")
     max_policy_lag: Literal[0, 1] = Field(
         0, description="1: generate step k+1 with the weights of step k-1 while step k trains (the clipped ratio corrects)"
@@ -140,7 +152,9 @@ class LMExperiment(Experiment):
     @model_validator(mode="after")
     def _reference_exists(self) -> "LMExperiment":
         if self.grpo.kl_reference == "sft" and self.warmup is None:
-            raise ValueError("grpo.kl_reference: sft needs a supervised warm-up: add a `warmup` section, or use kl_reference: base")
+            raise ValueError(
+                "grpo.kl_reference: sft needs a supervised warm-up: add a `warmup` section, or use kl_reference: base"
+            )
         return self
 
     @model_validator(mode="after")

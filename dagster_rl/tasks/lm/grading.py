@@ -13,8 +13,8 @@ rollouts store nothing for the judge that they did not store before.
 
 from functools import lru_cache
 
-from dagster_rl.tasks.lm.experiment import LMExperiment
 from dagster_rl.tasks.lm.data.prompts import GSM8KPrompts, PromptItem, SyntheticPrompts, load_prompt_set
+from dagster_rl.tasks.lm.experiment import LMExperiment
 from dagster_rl.tasks.lm.records import LMRollout
 from dagster_rl.tasks.lm.rewards import LMReward, score
 
@@ -48,7 +48,10 @@ class LMGrading:
             )
         rubric = exp.rubric
         return [
-            {"role": "system", "content": SYSTEM_PROMPT.format(accuracy=rubric.accuracy, format=rubric.format, form=FORMS[rubric.format_rule])},
+            {
+                "role": "system",
+                "content": SYSTEM_PROMPT.format(accuracy=rubric.accuracy, format=rubric.format, form=FORMS[rubric.format_rule]),
+            },
             {
                 "role": "user",
                 "content": f"Question:\n{item.question}\n\nCorrect final answer: {rollout.reference}\n\nAnswer to grade:\n{rollout.completion_text}",
@@ -59,4 +62,6 @@ class LMGrading:
         """The verifier's accuracy, plus the LLM's grade in [0, 1] scaled by the rubric's format weight."""
         verified = score(rollout, exp.rubric)
         components = {"accuracy": verified.components["accuracy"], "llm": grade}
-        return verified.model_copy(update={"components": components, "reward": components["accuracy"] + exp.rubric.format * grade})
+        return verified.model_copy(
+            update={"components": components, "reward": components["accuracy"] + exp.rubric.format * grade}
+        )

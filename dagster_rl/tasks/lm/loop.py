@@ -122,7 +122,9 @@ class LMLoop:
                         return
                     while evaluating:  # evaluation of step k-1 is awaited after step k trains
                         yield evaluating.pop(0).result()
-                    evaluating.append(eval_pool.submit(evaluate_step, exp, k, weights[k], base, initial, prompts, store, backends.progress))
+                    evaluating.append(
+                        eval_pool.submit(evaluate_step, exp, k, weights[k], base, initial, prompts, store, backends.progress)
+                    )
                 for pending in evaluating:
                     yield pending.result()
         finally:
@@ -206,15 +208,30 @@ class LMLoop:
                 **{
                     k: stats.metrics[k]
                     for k in (
-                        "loss", "ratio", "ratio_max_dev", "logp_max_dev", "logp_mean_dev", "kl", "clip_frac", "grad_norm",
-                        "samples_used", "groups_with_signal",
+                        "loss",
+                        "ratio",
+                        "ratio_max_dev",
+                        "logp_max_dev",
+                        "logp_mean_dev",
+                        "kl",
+                        "clip_frac",
+                        "grad_norm",
+                        "samples_used",
+                        "groups_with_signal",
                     )  # fmt: skip
                 },
                 "policy_lag": float(previous.version - behavior_version),
                 "mean_completion_tokens": mean([float(tokens[r.trial_id]) for r in rewards]),
             },
-            timings={"generate_s": gen.seconds, "judge_s": gen.judge_seconds, "train_s": time.monotonic() - t0},  # judge_s: of generate_s
-            checks=[*step_checks(exp, adapter_finite(weights.payload), rewards, gen.rollouts.n_trials_planned), sampled_as_trained],
+            timings={
+                "generate_s": gen.seconds,
+                "judge_s": gen.judge_seconds,
+                "train_s": time.monotonic() - t0,
+            },  # judge_s: of generate_s
+            checks=[
+                *step_checks(exp, adapter_finite(weights.payload), rewards, gen.rollouts.n_trials_planned),
+                sampled_as_trained,
+            ],
         )
         backends.progress.end(step)
         return result, weights

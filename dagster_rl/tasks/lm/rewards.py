@@ -8,11 +8,10 @@ else the last number: `prompts.extract_answer`).
 
 import re
 
-
+from dagster_rl.core.records import Record
+from dagster_rl.tasks.lm.data.prompts import extract_answer, has_answer_mark
 from dagster_rl.tasks.lm.records import LMRollout
 from dagster_rl.tasks.lm.settings import LMRubric
-from dagster_rl.tasks.lm.data.prompts import extract_answer, has_answer_mark
-from dagster_rl.core.records import Record
 
 ENDS_WITH_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?[\s.]*$")
 

@@ -16,7 +16,9 @@ class LoRASettings(Strict):
     alpha: float = Field(16.0, gt=0.0, description="the adapter's output is scaled by alpha / rank")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="> 0 makes the on-policy ratio differ from 1")
     target_modules: tuple[str, ...] = Field(ATTENTION_AND_MLP, description="names of the modules the adapter wraps")
-    init_seed: int = Field(0, ge=bounds.SEED_MIN, le=bounds.SEED_MAX, description="seeds LoRA A; B starts at 0 so the initial policy is the base")
+    init_seed: int = Field(
+        0, ge=bounds.SEED_MIN, le=bounds.SEED_MAX, description="seeds LoRA A; B starts at 0 so the initial policy is the base"
+    )
 
     @field_validator("target_modules")
     @classmethod
@@ -37,7 +39,9 @@ class LoRASettings(Strict):
 
 class PolicySettings(Strict):
     base_model: str = Field(description="a local model folder or a hub id (read offline when HF_HUB_OFFLINE=1)")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="of the base model; the adapter and its optimizer stay float32")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="of the base model; the adapter and its optimizer stay float32"
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto",
         exclude=True,  # where a policy runs is not part of what it computes: no key or hash holds it
@@ -55,7 +59,9 @@ class SamplingSettings(Strict):
 
 class GRPOLMSettings(Strict):
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="the importance ratio is clipped to [1 - clip_eps, 1 + clip_eps]")
-    kl_beta: float = Field(0.04, ge=0.0, le=bounds.MAX_KL_BETA, description="weight of the k3 KL to the reference; 0: reported only")
+    kl_beta: float = Field(
+        0.04, ge=0.0, le=bounds.MAX_KL_BETA, description="weight of the k3 KL to the reference; 0: reported only"
+    )
     kl_reference: Literal["base", "sft"] = Field(
         "base", description="the KL term's reference: the original base model, or the supervised warm-up (`warmup`)"
     )
@@ -63,7 +69,9 @@ class GRPOLMSettings(Strict):
     weight_decay: float = Field(0.0, ge=0.0, le=bounds.MAX_WEIGHT_DECAY, description="AdamW's")
     betas: tuple[Beta, Beta] = Field((0.9, 0.999), description="AdamW's moment decays")
     adam_eps: float = Field(1e-8, gt=0.0, le=bounds.MAX_EPS, description="AdamW's eps")
-    max_grad_norm: float = Field(1.0, gt=0.0, le=bounds.MAX_GRAD_NORM, description="the gradient's global norm is clipped to this")
+    max_grad_norm: float = Field(
+        1.0, gt=0.0, le=bounds.MAX_GRAD_NORM, description="the gradient's global norm is clipped to this"
+    )
     advantage_eps: float = Field(1e-4, gt=0.0, le=bounds.MAX_EPS, description=ADVANTAGE_EPS)
     micro_batch_tokens: int = Field(
         1024,
@@ -106,7 +114,9 @@ class WarmupSettings(Strict):
     batch_size: int = Field(16, ge=1, le=65_536, description="demonstrations per step")
     learning_rate: float = Field(3e-3, gt=0.0, le=bounds.MAX_LEARNING_RATE, description="AdamW's, on the adapter")
     weight_decay: float = Field(0.0, ge=0.0, le=bounds.MAX_WEIGHT_DECAY, description="AdamW's")
-    max_grad_norm: float = Field(1.0, gt=0.0, le=bounds.MAX_GRAD_NORM, description="the gradient's global norm is clipped to this")
+    max_grad_norm: float = Field(
+        1.0, gt=0.0, le=bounds.MAX_GRAD_NORM, description="the gradient's global norm is clipped to this"
+    )
     target_accuracy: float | None = Field(
         None,
         gt=0.0,

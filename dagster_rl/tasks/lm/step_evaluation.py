@@ -51,7 +51,9 @@ def evaluate_step(
     )
 
 
-def evaluation_of(exp: Exp, weights: Weights[Checkpoint], prompts: PromptSet, store: ArtifactStore) -> tuple[Evaluation, ArtifactRef, bool]:
+def evaluation_of(
+    exp: Exp, weights: Weights[Checkpoint], prompts: PromptSet, store: ArtifactStore
+) -> tuple[Evaluation, ArtifactRef, bool]:
     key = cache_key(
         "evaluation",
         CODE_VERSIONS["evaluation"],

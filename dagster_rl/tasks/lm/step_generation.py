@@ -62,7 +62,11 @@ def generate_step(
 
     def make(trajectories: list[LMRollout], failed: list[str]) -> Rollouts[LMRollout]:
         return Rollouts[LMRollout](
-            step=step, behavior_policy=behavior.lineage(), n_trials_planned=len(requests), trajectories=trajectories, skipped=failed
+            step=step,
+            behavior_policy=behavior.lineage(),
+            n_trials_planned=len(requests),
+            trajectories=trajectories,
+            skipped=failed,
         )
 
     complete_key = step_rollouts_key(exp, step, behavior, prompts_now, prompts.template)
@@ -109,4 +113,6 @@ def discard_rollouts(store: ArtifactStore, gen: Generated) -> None:
     samples them again instead of finding them: they were not sampled from the policy the trainer scores."""
     for key in dict.fromkeys([gen.rollouts_ref.key, gen.rollouts_key, store.partial("rollouts", gen.rollouts_key)]):
         if key is not None and store.exists("rollouts", key):
-            store.warn(f"rollouts {key[:16]} of step {step_key(gen.rollouts.step)} are off-policy: {store.move_aside('rollouts', key, 'off_policy')}")
+            store.warn(
+                f"rollouts {key[:16]} of step {step_key(gen.rollouts.step)} are off-policy: {store.move_aside('rollouts', key, 'off_policy')}"
+            )

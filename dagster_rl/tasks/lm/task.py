@@ -4,12 +4,22 @@ Its loop and backends import torch, so they are imported when a run builds them,
 code location loads its experiments.
 """
 
+from dagster_rl.core.task import (
+    CheckSpec,
+    Command,
+    RolloutEnv,
+    StepAssetSpec,
+    Task,
+    TrainerEnv,
+    WarmupResult,
+    WarmupSpec,
+    register,
+)
+from dagster_rl.store.artifact_store import ArtifactStore
 from dagster_rl.tasks.lm.backend_protocols import LMRolloutBackend, LMTrainerBackend
 from dagster_rl.tasks.lm.experiment import LMExperiment
 from dagster_rl.tasks.lm.grading import LMGrading
 from dagster_rl.tasks.lm.rewards import score
-from dagster_rl.store.artifact_store import ArtifactStore
-from dagster_rl.core.task import CheckSpec, Command, RolloutEnv, StepAssetSpec, Task, TrainerEnv, WarmupResult, WarmupSpec, register
 
 
 def _loop():

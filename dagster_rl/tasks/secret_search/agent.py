@@ -11,8 +11,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dagster_rl.tasks.secret_search.records import TrialSpec, Trajectory
 from dagster_rl.tasks.secret_search.prior import sample_order
+from dagster_rl.tasks.secret_search.records import Trajectory, TrialSpec
 from dagster_rl.tasks.secret_search.world import DIGEST_PREFIX, NOTE_PREFIX, doc_name
 
 

@@ -31,7 +31,9 @@ class SecretSearchRolloutBackend(RolloutBackend, Protocol):
 
 
 class SecretSearchTrainerBackend(TrainerBackend, Protocol):
-    def train(self, exp: SecretSearchExperiment, weights: TabularWeights, rewards: list[Reward]) -> tuple[TabularWeights, dict[str, float]]:
+    def train(
+        self, exp: SecretSearchExperiment, weights: TabularWeights, rewards: list[Reward]
+    ) -> tuple[TabularWeights, dict[str, float]]:
         """The update of `weights` on a step's rewards, and its numbers (groups, groups_with_signal,
         samples_used, grad_norm)."""
         ...
@@ -72,7 +74,9 @@ def check_sandbox_root(root: Path) -> None:
         root.mkdir(parents=True, exist_ok=True)
         os.rmdir(tempfile.mkdtemp(prefix=".probe-", dir=root))
     except FileExistsError:
-        raise SandboxError(f"{what} is a file, not a folder: set sandbox_root to a folder trials may write in (empty: the system temp dir)") from None
+        raise SandboxError(
+            f"{what} is a file, not a folder: set sandbox_root to a folder trials may write in (empty: the system temp dir)"
+        ) from None
     except OSError as e:
         raise SandboxError(
             f"{what} cannot hold sandboxes: {e.strerror or e} ({e.filename or root}). Set sandbox_root to a folder trials "
@@ -86,7 +90,9 @@ class TabularTrainer:
 
     limits: Limits = Limits(max_retries=0, timeout_s=600.0, max_concurrency=1)
 
-    def train(self, exp: SecretSearchExperiment, weights: TabularWeights, rewards: list[Reward]) -> tuple[TabularWeights, dict[str, float]]:
+    def train(
+        self, exp: SecretSearchExperiment, weights: TabularWeights, rewards: list[Reward]
+    ) -> tuple[TabularWeights, dict[str, float]]:
         def attempt(n: int) -> tuple[TabularWeights, dict[str, float]]:
             counters.bump("train_calls")
             return update(weights, rewards, exp.grpo)

@@ -26,7 +26,10 @@ class Rubric(Strict):
     name: str = Field("default", description="the rubric's name, recorded with the rewards (lineage shows it)")
     correctness: float = Field(1.0, ge=0.0, le=bounds.MAX_REWARD_WEIGHT, description="weight of a verified answer")
     efficiency: float = Field(
-        0.5, ge=0.0, le=bounds.MAX_REWARD_WEIGHT, description="weight of (max_turns - turns + 1) / max_turns, for a verified answer"
+        0.5,
+        ge=0.0,
+        le=bounds.MAX_REWARD_WEIGHT,
+        description="weight of (max_turns - turns + 1) / max_turns, for a verified answer",
     )
     tidiness: float = Field(0.2, ge=0.0, le=bounds.MAX_REWARD_WEIGHT, description="weight of leaving no scratch file behind")
 

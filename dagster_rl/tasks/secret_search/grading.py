@@ -30,4 +30,6 @@ class SecretSearchGrading:
         """The verifier's verdict plus the LLM's grade in [0, 1], scaled by the rubric's weights."""
         verified = score(exp, traj)
         graded = exp.rubric.weight_total * grade
-        return verified.model_copy(update={"components": {"llm": grade}, "score": graded, "reward": float(verified.verified) + graded})
+        return verified.model_copy(
+            update={"components": {"llm": grade}, "score": graded, "reward": float(verified.verified) + graded}
+        )

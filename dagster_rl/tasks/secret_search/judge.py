@@ -21,7 +21,9 @@ def rubric_components(traj: Trajectory, verified: bool, max_turns: int) -> dict[
 def judge(traj: Trajectory, rubric: Rubric, max_turns: int) -> Reward:
     verified = verify(traj)
     parts = rubric_components(traj, verified, max_turns)
-    score = rubric.correctness * parts["correctness"] + rubric.efficiency * parts["efficiency"] + rubric.tidiness * parts["tidiness"]
+    score = (
+        rubric.correctness * parts["correctness"] + rubric.efficiency * parts["efficiency"] + rubric.tidiness * parts["tidiness"]
+    )
     return Reward(
         trial_id=traj.trial_id,
         prompt=traj.prompt,

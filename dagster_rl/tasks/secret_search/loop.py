@@ -18,15 +18,26 @@ from dagster_rl.core.experiment import step_key
 from dagster_rl.core.hashing import cache_key, canonical_json, seed_of
 from dagster_rl.core.records import STATS, Rewards, Rollouts, TrialFailed
 from dagster_rl.core.retries import AttemptsExhausted
+from dagster_rl.core.steps import (
+    Judged,
+    collect_judgements,
+    mean,
+    recovered,
+    rewards_key,
+    rollouts_key,
+    step_rewards,
+    trained_from,
+    trial_set,
+    weights_key,
+)
+from dagster_rl.core.task import Backends, JudgeBackend, StepResult, Warn, Weights
+from dagster_rl.store.artifact_store import DATA, ArtifactRef, ArtifactStore
 from dagster_rl.tasks.secret_search.backends import SecretSearchRolloutBackend, SecretSearchTrainerBackend
 from dagster_rl.tasks.secret_search.experiment import SecretSearchExperiment as Exp
 from dagster_rl.tasks.secret_search.prior import uniform
 from dagster_rl.tasks.secret_search.records import Reward, TabularTrainStats, TabularWeights, Trajectory, TrialSpec
 from dagster_rl.tasks.secret_search.update import prior_finite
 from dagster_rl.tasks.secret_search.world import WORLD_CODE_VERSION, build_world, world_ids
-from dagster_rl.core.steps import Judged, collect_judgements, mean, recovered, rewards_key, rollouts_key, step_rewards, trained_from, trial_set, weights_key
-from dagster_rl.store.artifact_store import DATA, ArtifactRef, ArtifactStore
-from dagster_rl.core.task import Backends, JudgeBackend, StepResult, Warn, Weights
 
 CODE_VERSIONS = {
     "initial": "tabular-uniform-2",  # 2: keyed by the worlds a step uses (prompts_per_step) and their documents
@@ -69,7 +80,12 @@ def plan_trials(exp: Exp, step: int) -> list[TrialSpec]:
     ids = world_ids(exp.task.n_worlds)
     return [
         TrialSpec(
-            trial_id=f"s{step}-p{p}-n{s}", step=step, prompt=p, sample=s, world_id=ids[p % len(ids)], seed=seed_of(exp.seed, step, p, s)
+            trial_id=f"s{step}-p{p}-n{s}",
+            step=step,
+            prompt=p,
+            sample=s,
+            world_id=ids[p % len(ids)],
+            seed=seed_of(exp.seed, step, p, s),
         )
         for p in range(exp.prompts_per_step)
         for s in range(exp.n_samples)
@@ -77,7 +93,12 @@ def plan_trials(exp: Exp, step: int) -> list[TrialSpec]:
 
 
 def run_step(
-    exp: Exp, step: int, start: Weights[TabularWeights], store: ArtifactStore, backends: SecretSearchBackends, warn: Warn = log.warning
+    exp: Exp,
+    step: int,
+    start: Weights[TabularWeights],
+    store: ArtifactStore,
+    backends: SecretSearchBackends,
+    warn: Warn = log.warning,
 ) -> tuple[StepResult, Weights[TabularWeights]]:
     """Generate, judge and train one step from `start`; reuse every artifact whose key exists, and
     every trial an earlier attempt of the step stored (only failed trials run again)."""
@@ -97,7 +118,9 @@ def run_step(
             step=step, behavior_policy=start.lineage(), n_trials_planned=len(specs), trajectories=trajectories, skipped=failed
         )
 
-    rollouts = trial_set(store, "rollouts", _rollouts_key(exp, step, start, worlds), Rollouts[Trajectory], list(specs), run, make, warn)
+    rollouts = trial_set(
+        store, "rollouts", _rollouts_key(exp, step, start, worlds), Rollouts[Trajectory], list(specs), run, make, warn
+    )
     if rollouts.hit:
         progress.generated(step, len(specs))
     timings["generate_s"] = time.monotonic() - t0
@@ -170,13 +193,22 @@ def run_step(
 
 
 def _fan_out(
-    exp: Exp, step: int, specs: list[TrialSpec], start: Weights[TabularWeights], worlds: Worlds, backends: SecretSearchBackends, judged: Judged
+    exp: Exp,
+    step: int,
+    specs: list[TrialSpec],
+    start: Weights[TabularWeights],
+    worlds: Worlds,
+    backends: SecretSearchBackends,
+    judged: Judged,
 ) -> list:
     """Run the trials concurrently and judge each trajectory the moment it lands: one outcome per
     trial (its trajectory, or a TrialFailed); the judgements go into `judged`."""
     rollout, judge, progress = backends.rollout, backends.judge, backends.progress
     outcomes: list[Trajectory | TrialFailed] = []
-    with ThreadPoolExecutor(rollout.limits.max_concurrency) as gen_pool, ThreadPoolExecutor(judge.limits.max_concurrency) as judge_pool:
+    with (
+        ThreadPoolExecutor(rollout.limits.max_concurrency) as gen_pool,
+        ThreadPoolExecutor(judge.limits.max_concurrency) as judge_pool,
+    ):
         gens = {gen_pool.submit(rollout.run, exp, s, start.payload, worlds[s.world_id][1]): s for s in specs}
         judging, landed = {}, {}
         for fut in as_completed(gens):
@@ -211,7 +243,13 @@ class SecretSearchLoop:
         return load_weights(store, partition, key)
 
     def iter_steps(
-        self, exp: Exp, steps: Sequence[int], start: Weights[TabularWeights], store: ArtifactStore, backends: SecretSearchBackends, warn: Warn
+        self,
+        exp: Exp,
+        steps: Sequence[int],
+        start: Weights[TabularWeights],
+        store: ArtifactStore,
+        backends: SecretSearchBackends,
+        warn: Warn,
     ) -> Iterator[StepResult]:
         weights = start
         for step in steps:

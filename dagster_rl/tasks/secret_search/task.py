@@ -1,11 +1,16 @@
 """The secret_search task, registered: an agent searches sandboxed worlds for a secret's digest."""
 
-from dagster_rl.tasks.secret_search.backends import SandboxRollouts, SecretSearchRolloutBackend, SecretSearchTrainerBackend, TabularTrainer
+from dagster_rl.core.task import RolloutEnv, Task, TrainerEnv, register
+from dagster_rl.tasks.secret_search.backends import (
+    SandboxRollouts,
+    SecretSearchRolloutBackend,
+    SecretSearchTrainerBackend,
+    TabularTrainer,
+)
 from dagster_rl.tasks.secret_search.experiment import SecretSearchExperiment
 from dagster_rl.tasks.secret_search.grading import SecretSearchGrading
 from dagster_rl.tasks.secret_search.judge import score
 from dagster_rl.tasks.secret_search.loop import SecretSearchLoop
-from dagster_rl.core.task import RolloutEnv, Task, TrainerEnv, register
 
 
 def _sandbox(exp: SecretSearchExperiment, env: RolloutEnv) -> SecretSearchRolloutBackend:

@@ -10,8 +10,8 @@ import math
 from dagster_rl.core.advantages import group_normalized_advantages, groups_with_signal
 from dagster_rl.core.checks import CheckOutcome, weights_finite
 from dagster_rl.tasks.secret_search.experiment import GRPOSettings
-from dagster_rl.tasks.secret_search.records import Reward, TabularWeights
 from dagster_rl.tasks.secret_search.prior import apply_logit_step, order_log_prob_grad
+from dagster_rl.tasks.secret_search.records import Reward, TabularWeights
 
 
 def update(weights: TabularWeights, rewards: list[Reward], grpo: GRPOSettings) -> tuple[TabularWeights, dict[str, float]]:
@@ -26,9 +26,7 @@ def update(weights: TabularWeights, rewards: list[Reward], grpo: GRPOSettings) -
         g = order_log_prob_grad(weights.doc_prior[r.world_id], r.docs_read)
         grads[r.world_id] = [acc + a * gi for acc, gi in zip(grads[r.world_id], g, strict=True)]
     n = max(len(rewards), 1)
-    new_prior = {
-        w: apply_logit_step(p, [grpo.learning_rate * g / n for g in grads[w]]) for w, p in weights.doc_prior.items()
-    }
+    new_prior = {w: apply_logit_step(p, [grpo.learning_rate * g / n for g in grads[w]]) for w, p in weights.doc_prior.items()}
     grad_norm = math.sqrt(math.fsum(g * g for gs in grads.values() for g in gs)) / n
     stats = {
         "groups": float(len(set(groups))),

@@ -43,7 +43,12 @@ def problems(spec: ArithmeticSet) -> list[dict[str, str]]:
             if spec.op == "-" and b > a:
                 continue
             result = OPERATIONS[spec.op](a, b)
-            rows.append({"question": f"What is {a} {spec.op} {b}? {INSTRUCTION}", "answer": f"{a} {spec.op} {b} = {result}\n#### {result}"})
+            rows.append(
+                {
+                    "question": f"What is {a} {spec.op} {b}? {INSTRUCTION}",
+                    "answer": f"{a} {spec.op} {b} = {result}\n#### {result}",
+                }
+            )
     return rows
 
 

@@ -18,8 +18,8 @@ from dagster_rl.core.bounds import MAX_HELDOUT_PROMPTS
 from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.core.experiment import Strict
 from dagster_rl.core.hashing import seed_of, sha256_hex
-from dagster_rl.tasks.lm.data.word_problems import resolve_dataset
 from dagster_rl.core.records import Record
+from dagster_rl.tasks.lm.data.word_problems import resolve_dataset
 
 if TYPE_CHECKING:  # transformers is imported where a tokenizer is built, not where prompts are read
     from transformers import PreTrainedTokenizerBase
@@ -197,7 +197,9 @@ def encode_prompt(tokenizer, item: PromptItem, template: str) -> list[int]:
     """The prompt's token ids: the question as the user's turn of the tokenizer's chat template,
     ready for the assistant's answer, when the tokenizer has a chat template; else `template`."""
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": item.question}], add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": item.question}], add_generation_prompt=True, tokenize=False
+        )
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return list(tokenizer(render(item, template))["input_ids"])
 

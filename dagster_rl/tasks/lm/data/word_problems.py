@@ -28,14 +28,46 @@ from pathlib import Path
 from dagster_rl.core.hashing import seed_of
 
 NAMES = {  # name -> pronoun
-    "Tom": "He", "Sam": "He", "Ben": "He", "Max": "He", "Leo": "He", "Jack": "He",
-    "Mia": "She", "Ann": "She", "Lily": "She", "Emma": "She", "Zoe": "She", "Ava": "She",
+    "Tom": "He",
+    "Sam": "He",
+    "Ben": "He",
+    "Max": "He",
+    "Leo": "He",
+    "Jack": "He",
+    "Mia": "She",
+    "Ann": "She",
+    "Lily": "She",
+    "Emma": "She",
+    "Zoe": "She",
+    "Ava": "She",
 }
 OBJECTS = ("apples", "pens", "books", "cards", "eggs", "cookies", "stamps", "shells", "marbles", "stickers")
 CONTAINERS = ("bags", "boxes", "packs", "jars")
 OPERATORS = ("+", "-", "*", "=")
-FUNCTION_WORDS = ("has", "buy", "buys", "and", "more", "How", "many", "does", "have", "now", "gives", "to", "Then", "of", "Each",
-                  "the", "with", "in", "each", "a", "friend", "left")
+FUNCTION_WORDS = (
+    "has",
+    "buy",
+    "buys",
+    "and",
+    "more",
+    "How",
+    "many",
+    "does",
+    "have",
+    "now",
+    "gives",
+    "to",
+    "Then",
+    "of",
+    "Each",
+    "the",
+    "with",
+    "in",
+    "each",
+    "a",
+    "friend",
+    "left",
+)
 
 
 def _buy(r: random.Random, m: int, name: str, he: str, obj: str) -> tuple[str, str, int]:
@@ -138,7 +170,8 @@ def resolve_dataset(path: str) -> str:
     machine; any other path as given."""
     if not path.startswith(BUILTIN_PREFIX):
         return path
-    from dagster_rl.tasks.lm.data.arithmetic import ARITHMETIC_SETS, write_jsonl as write_arithmetic
+    from dagster_rl.tasks.lm.data.arithmetic import ARITHMETIC_SETS
+    from dagster_rl.tasks.lm.data.arithmetic import write_jsonl as write_arithmetic
 
     name = path[len(BUILTIN_PREFIX) :]
     if name not in BUILTIN_DATASETS and name not in ARITHMETIC_SETS:

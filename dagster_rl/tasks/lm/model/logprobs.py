@@ -54,7 +54,9 @@ def pack(
     prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], temperatures: Sequence[float], pad_id: int, device
 ) -> PackedBatch:
     if not (len(prompts) == len(completions) == len(temperatures)) or not prompts:
-        raise ValueError(f"pack needs as many prompts, completions and temperatures, at least one: {len(prompts)}, {len(completions)}, {len(temperatures)}")
+        raise ValueError(
+            f"pack needs as many prompts, completions and temperatures, at least one: {len(prompts)}, {len(completions)}, {len(temperatures)}"
+        )
     if any(not c for c in completions) or any(not p for p in prompts):
         raise ValueError("a sequence needs a prompt token and a completion token; drop empty rollouts before packing")
     width = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
@@ -98,10 +100,14 @@ def packed_logprobs(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
     temperature = batch.temperature[:, None].expand_as(batch.completion_mask)[batch.completion_mask]
     flat = token_logprobs(logits, batch.targets[batch.completion_mask], temperature)
     # the kept positions, row by row, are the completion tokens, row by row: scatter them back in place
-    return torch.zeros(batch.completion_mask.shape, dtype=flat.dtype, device=flat.device).masked_scatter(batch.completion_mask, flat)
+    return torch.zeros(batch.completion_mask.shape, dtype=flat.dtype, device=flat.device).masked_scatter(
+        batch.completion_mask, flat
+    )
 
 
-def completion_logprobs(model: torch.nn.Module, prompt_ids: list[int], completion_ids: list[int], temperature: float) -> torch.Tensor:
+def completion_logprobs(
+    model: torch.nn.Module, prompt_ids: list[int], completion_ids: list[int], temperature: float
+) -> torch.Tensor:
     """fp32 (T,): one sequence alone, unpadded (the per-sample computation the batched one must match)."""
     batch = pack([prompt_ids], [completion_ids], [temperature], 0, next(model.parameters()).device)
     return packed_logprobs(model, batch)[0]

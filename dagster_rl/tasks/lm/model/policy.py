@@ -29,10 +29,10 @@ from transformers.utils import logging as hf_logging
 
 from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.core.hashing import canonical_json, content_hash, sha256_hex
-from dagster_rl.tasks.lm.model.cpu_bf16 import check_bf16_cpu
 from dagster_rl.tasks.lm.model.build import building, check_whole
-from dagster_rl.tasks.lm.settings import GRPOLMSettings, LoRASettings, PolicySettings
+from dagster_rl.tasks.lm.model.cpu_bf16 import check_bf16_cpu
 from dagster_rl.tasks.lm.model.tiny import resolve_model
+from dagster_rl.tasks.lm.settings import GRPOLMSettings, LoRASettings, PolicySettings
 
 ADAPTER = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -187,7 +187,9 @@ def resolve_device(setting: str, index: int | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-def load_policy(settings: PolicySettings, checkpoint: dict[str, bytes] | None = None, device: torch.device | None = None) -> Policy:
+def load_policy(
+    settings: PolicySettings, checkpoint: dict[str, bytes] | None = None, device: torch.device | None = None
+) -> Policy:
     """The base with the checkpoint's adapter, or with a fresh one (version 0) when there is none, on
     `device` (default: the settings' device)."""
     device = device or resolve_device(settings.device)
@@ -256,7 +258,9 @@ def make_optimizer(policy: Policy, grpo: GRPOLMSettings, checkpoint: dict[str, b
 
 def checkpoint_bytes(policy: Policy, optimizer: torch.optim.Optimizer | None) -> dict[str, bytes]:
     """The policy's adapter, optimizer state and version as file name -> bytes."""
-    adapter = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(policy.model, save_embedding_layers=False).items()}
+    adapter = {
+        k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(policy.model, save_embedding_layers=False).items()
+    }
     moments: dict[str, torch.Tensor] = {}
     if optimizer is not None:
         index = {id(p): n for n, p in policy.trainable()}

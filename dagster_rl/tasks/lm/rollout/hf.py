@@ -11,11 +11,11 @@ batches give the same bytes.
 
 from collections.abc import Sequence
 
+from dagster_rl.tasks.lm.data.prompts import PromptItem, decode_completion, encode_prompt
 from dagster_rl.tasks.lm.model.policy import Policy
+from dagster_rl.tasks.lm.records import LMRollout, RolloutRequest, rollout_of
 from dagster_rl.tasks.lm.rollout.sampling import Generation, generate
 from dagster_rl.tasks.lm.settings import SamplingSettings
-from dagster_rl.tasks.lm.records import LMRollout, RolloutRequest, rollout_of
-from dagster_rl.tasks.lm.data.prompts import PromptItem, decode_completion, encode_prompt
 
 
 def generate_rollouts(
@@ -39,7 +39,9 @@ def generate_rollouts(
 
 def _rollout(policy: Policy, r: RolloutRequest, ids: list[int], g: Generation, sampling: SamplingSettings) -> LMRollout:
     text = decode_completion(policy.tokenizer, g.completion_ids)
-    return rollout_of(r, ids, g.completion_ids, text, g.logprobs, g.finish_reason, sampling.temperature, sampling.top_p, policy.version)
+    return rollout_of(
+        r, ids, g.completion_ids, text, g.logprobs, g.finish_reason, sampling.temperature, sampling.top_p, policy.version
+    )
 
 
 def _encode(tok, item: PromptItem, template: str, encoded: dict[str, list[int]]) -> list[int]:
@@ -48,7 +50,9 @@ def _encode(tok, item: PromptItem, template: str, encoded: dict[str, list[int]])
     return list(encoded[item.question])
 
 
-def greedy_completions(policy: Policy, items: Sequence[PromptItem], template: str, max_new_tokens: int, batch_size: int = 256) -> list[str]:
+def greedy_completions(
+    policy: Policy, items: Sequence[PromptItem], template: str, max_new_tokens: int, batch_size: int = 256
+) -> list[str]:
     """Greedy completions (evaluation), in the order of `items`."""
     tok = policy.tokenizer
     greedy = SamplingSettings(temperature=0.0, max_new_tokens=max_new_tokens)

@@ -33,20 +33,20 @@ import fsspec
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from dagster_rl.core import counters
-from dagster_rl.store import nofollow
 from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.core.faults import maybe_fail
-from dagster_rl.inference.http_json import EndpointError
-from dagster_rl.tasks.lm.backend_protocols import Checkpoint
-from dagster_rl.tasks.lm.experiment import LMExperiment
-from dagster_rl.tasks.lm.model.policy import ADAPTER, ADAPTER_CONFIG
-from dagster_rl.tasks.lm.data.prompts import decode_completion, encode_prompt
-from dagster_rl.tasks.lm.records import LMRollout, RolloutRequest, rollout_of
-from dagster_rl.tasks.lm.model.tiny import resolve_model
 from dagster_rl.core.records import TrialFailed
 from dagster_rl.core.retries import AttemptsExhausted, Limits, describe, with_retries
 from dagster_rl.core.task import Endpoint, Weights
+from dagster_rl.inference.http_json import EndpointError
 from dagster_rl.inference.vllm_client import ServerReplyError, ServerSampling, VLLMClient
+from dagster_rl.store import nofollow
+from dagster_rl.tasks.lm.backend_protocols import Checkpoint
+from dagster_rl.tasks.lm.data.prompts import decode_completion, encode_prompt
+from dagster_rl.tasks.lm.experiment import LMExperiment
+from dagster_rl.tasks.lm.model.policy import ADAPTER, ADAPTER_CONFIG
+from dagster_rl.tasks.lm.model.tiny import resolve_model
+from dagster_rl.tasks.lm.records import LMRollout, RolloutRequest, rollout_of
 
 
 class RolloutServerError(DagsterRLError):
@@ -125,7 +125,9 @@ class ServerRollouts:
                     vocab=vocab,
                 )  # checked against the request (vllm_client.check_completion): a reply that breaks a rule fails the attempt
                 text = decode_completion(tok, c.token_ids)
-                return rollout_of(r, prompt_ids, c.token_ids, text, c.logprobs, c.finish_reason, s.temperature, s.top_p, behavior.version)
+                return rollout_of(
+                    r, prompt_ids, c.token_ids, text, c.logprobs, c.finish_reason, s.temperature, s.top_p, behavior.version
+                )
 
             try:
                 return with_retries(f"trial {r.trial_id}", attempt, self.limits.max_retries, self.limits.timeout_s)

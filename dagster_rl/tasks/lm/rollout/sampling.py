@@ -114,7 +114,9 @@ def generate(
         logps[:, t] = token_logprobs(logits, chosen, temperature)
         if top_logprobs:
             tempered = logits if temperature in (0, 1) else logits / temperature
-            top_lps[:, t], top_ids[:, t] = torch.topk(torch.log_softmax(tempered, dim=-1), min(top_logprobs, logits.shape[-1]), dim=-1)
+            top_lps[:, t], top_ids[:, t] = torch.topk(
+                torch.log_softmax(tempered, dim=-1), min(top_logprobs, logits.shape[-1]), dim=-1
+            )
         done |= chosen == eos_id
         if t + 1 == steps or bool(done.all()):
             break
@@ -124,8 +126,14 @@ def generate(
     gens = [_row(toks, lps, eos_id) for toks, lps in zip(tokens.tolist(), logps.tolist(), strict=True)]
     if not top_logprobs:
         return gens
-    tops = [[list(zip(i, v, strict=True)) for i, v in zip(ids, lps, strict=True)] for ids, lps in zip(top_ids.tolist(), top_lps.tolist(), strict=True)]
-    return [Generation(g.completion_ids, g.logprobs, g.finish_reason, top[: len(g.completion_ids)]) for g, top in zip(gens, tops, strict=True)]
+    tops = [
+        [list(zip(i, v, strict=True)) for i, v in zip(ids, lps, strict=True)]
+        for ids, lps in zip(top_ids.tolist(), top_lps.tolist(), strict=True)
+    ]
+    return [
+        Generation(g.completion_ids, g.logprobs, g.finish_reason, top[: len(g.completion_ids)])
+        for g, top in zip(gens, tops, strict=True)
+    ]
 
 
 def _row(tokens: list[int], logps: list[float], eos_id: int) -> Generation:

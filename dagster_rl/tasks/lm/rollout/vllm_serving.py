@@ -20,11 +20,11 @@ import shlex
 from pathlib import Path
 
 from dagster_rl.core.errors import DagsterRLError
-from dagster_rl.tasks.lm.model.cpu_bf16 import check_bf16_cpu
-from dagster_rl.tasks.lm.experiment import LMExperiment
-from dagster_rl.tasks.lm.data.prompts import encode_prompt, load_prompt_set
-from dagster_rl.tasks.lm.model.tiny import resolve_model
 from dagster_rl.inference.server_process import vllm_cpu_command
+from dagster_rl.tasks.lm.data.prompts import encode_prompt, load_prompt_set
+from dagster_rl.tasks.lm.experiment import LMExperiment
+from dagster_rl.tasks.lm.model.cpu_bf16 import check_bf16_cpu
+from dagster_rl.tasks.lm.model.tiny import resolve_model
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's LoRAConfig.max_lora_rank choices
 MAX_MODEL_LEN = 1024
@@ -58,7 +58,13 @@ def longest_sequence(exp: LMExperiment, folder: str) -> int:
 
 
 def vllm_command_for(
-    exp: LMExperiment, port: int, *, python: str = "python", host: str = "127.0.0.1", threads: int | None = None, max_model_len: int = MAX_MODEL_LEN
+    exp: LMExperiment,
+    port: int,
+    *,
+    python: str = "python",
+    host: str = "127.0.0.1",
+    threads: int | None = None,
+    max_model_len: int = MAX_MODEL_LEN,
 ) -> list[str]:
     """The command that serves `exp`'s base model and adapters on vLLM's CPU build (`vllm_cpu_command`)."""
     if exp.policy.dtype == "bfloat16":

@@ -125,7 +125,11 @@ class App(Starlette):
             Route("/v1/load_lora_adapter", self.load_lora_adapter, methods=["POST"]),
             Route("/v1/unload_lora_adapter", self.unload_lora_adapter, methods=["POST"]),
         ]
-        super().__init__(routes=routes, exception_handlers=dict.fromkeys((APIError, HTTPException, Exception), error_response), lifespan=self._lifespan)
+        super().__init__(
+            routes=routes,
+            exception_handlers=dict.fromkeys((APIError, HTTPException, Exception), error_response),
+            lifespan=self._lifespan,
+        )
         self.router.redirect_slashes = False  # a path is served as it is written, or is a 404
 
     @asynccontextmanager

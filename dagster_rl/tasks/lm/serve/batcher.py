@@ -31,7 +31,9 @@ class Batcher:
     function that says so). Every request submitted gets its result or an error: the loop catches
     every failure of a batch and hands it to that batch's requests."""
 
-    def __init__(self, run_batch: Callable[[list[CompletionRequest], Callable[[], bool]], list[CompletionResult]], max_batch: int = 64):
+    def __init__(
+        self, run_batch: Callable[[list[CompletionRequest], Callable[[], bool]], list[CompletionResult]], max_batch: int = 64
+    ):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         self.run_batch, self.max_batch = run_batch, max_batch

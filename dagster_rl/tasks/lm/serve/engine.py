@@ -76,7 +76,9 @@ class Engine:
                 "lora_path",
             )
         if not all(os.path.isfile(f) for f in files):
-            raise AdapterLoadError(HTTPStatus.NOT_FOUND, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError", "lora_path")
+            raise AdapterLoadError(
+                HTTPStatus.NOT_FOUND, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError", "lora_path"
+            )
         return Path(folder)
 
     def load_adapter(self, name: str, path: str, inplace: bool = False) -> None:
@@ -114,7 +116,9 @@ class Engine:
 
     def unload_adapter(self, name: str) -> None:
         if not name:
-            raise APIError(HTTPStatus.BAD_REQUEST, "'lora_name' needs to be provided to unload a LoRA adapter.", "InvalidUserInput")
+            raise APIError(
+                HTTPStatus.BAD_REQUEST, "'lora_name' needs to be provided to unload a LoRA adapter.", "InvalidUserInput"
+            )
         with self.lock:
             if name not in self.adapters:
                 raise APIError(HTTPStatus.NOT_FOUND, f"The lora adapter '{name}' cannot be found.", "NotFoundError", "lora_name")
@@ -166,8 +170,16 @@ class Engine:
         base = {"id": self.name, "object": "model", "created": created, "owned_by": "dagster-rl", "root": self.model_arg,
                 "parent": None, "max_model_len": self.max_model_len, "permission": []}  # fmt: skip
         loras: list[dict[str, Any]] = [
-            {"id": n, "object": "model", "created": created, "owned_by": "dagster-rl", "root": p, "parent": self.name,
-             "max_model_len": None, "permission": []}  # fmt: skip
+            {
+                "id": n,
+                "object": "model",
+                "created": created,
+                "owned_by": "dagster-rl",
+                "root": p,
+                "parent": self.name,
+                "max_model_len": None,
+                "permission": [],
+            }  # fmt: skip
             for n, p in list(self.adapters.items())
         ]
         return [base, *loras]
@@ -186,11 +198,17 @@ class Engine:
         with self.lock, torch.inference_mode():
             if first.model not in self.adapters:  # the base model (or an adapter unloaded meanwhile)
                 self.check_model(first.model)
-            model = _Forward(self._select(first.model), cancelled, base_only=first.model not in self.adapters and self.peft is not None)
+            model = _Forward(
+                self._select(first.model), cancelled, base_only=first.model not in self.adapters and self.peft is not None
+            )
             top = max(r.logprobs or 0 for r in batch)
-            gens = generate(model, [r.prompt_ids for r in batch], [r.seed for r in batch], sampling, first.stop_id, tok.pad_token_id, top)
+            gens = generate(
+                model, [r.prompt_ids for r in batch], [r.seed for r in batch], sampling, first.stop_id, tok.pad_token_id, top
+            )
         return [
-            CompletionResult(list(g.completion_ids), list(g.logprobs), g.finish_reason, g.top and [t[: r.logprobs] for t in g.top])
+            CompletionResult(
+                list(g.completion_ids), list(g.logprobs), g.finish_reason, g.top and [t[: r.logprobs] for t in g.top]
+            )
             for g, r in zip(gens, batch, strict=True)
         ]
 
@@ -222,4 +240,3 @@ class _Forward(torch.nn.Module):
             with self.model.disable_adapter():
                 return self.model(*args, **kwargs)
         return self.model(*args, **kwargs)
-

@@ -33,7 +33,12 @@ _MUST_BE = {
 }
 
 # a field's bound (pydantic's `ge`, `gt`, `le`, `lt`), as this server words it
-_BOUND = {"greater_than_equal": ("ge", "at least"), "greater_than": ("gt", "more than"), "less_than_equal": ("le", "at most"), "less_than": ("lt", "less than")}
+_BOUND = {
+    "greater_than_equal": ("ge", "at least"),
+    "greater_than": ("gt", "more than"),
+    "less_than_equal": ("le", "at most"),
+    "less_than": ("lt", "less than"),
+}
 
 
 def from_validation(error: ValidationError) -> APIError:
@@ -49,7 +54,9 @@ def from_validation(error: ValidationError) -> APIError:
         message = str(ctx["message"])
     elif error_type == "value_error":
         message = str(ctx.get("error", first["msg"]))
-    elif error_type == "finite_number" or (error_type == "float_type" and isinstance(value, int) and not isinstance(value, bool)):  # nan, inf, beyond float64
+    elif error_type == "finite_number" or (
+        error_type == "float_type" and isinstance(value, int) and not isinstance(value, bool)
+    ):  # nan, inf, beyond float64
         message = f"{param} must be finite, got {str(value)[:50]}"
     elif error_type in _MUST_BE:
         message = f"{param} must be {_MUST_BE[error_type]}, got {repr(value)[:200]}"

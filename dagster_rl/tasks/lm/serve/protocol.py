@@ -130,7 +130,6 @@ class CompletionBody(_Body):
         raise _fault("prompt", "prompt must be a string, or one list of token ids")
 
 
-
 B = TypeVar("B", bound=BaseModel)
 
 
@@ -180,7 +179,9 @@ def parse_completion_request(body: dict[str, Any], engine: ServedModel) -> Compl
     temperature = 1.0 if fields.temperature is None else fields.temperature
     top_p = 1.0 if fields.top_p is None else fields.top_p
     as_token_ids = bool(fields.return_tokens_as_token_ids)
-    return CompletionRequest(model, prompt_ids, max_tokens, temperature, top_p, seed, fields.logprobs, stop_id, stop_reason, as_token_ids)
+    return CompletionRequest(
+        model, prompt_ids, max_tokens, temperature, top_p, seed, fields.logprobs, stop_id, stop_reason, as_token_ids
+    )
 
 
 def _stop_token(fields: CompletionBody, eos_id: int, vocab: int) -> tuple[int, int | None]:

@@ -40,15 +40,38 @@ from pydantic import Field
 from safetensors.torch import save_file
 
 from dagster_rl.core.experiment import Strict
-from dagster_rl.runtime.lifetime import alive
-from dagster_rl.tasks.lm.model.policy import CheckpointError, Policy, checkpoint_bytes, checkpoint_hash, load_adapter, load_checkpoint, load_policy, make_optimizer, resolve_device, save_checkpoint
-from dagster_rl.tasks.lm.rewards import LMReward
-from dagster_rl.tasks.lm.records import LMRollout
-from dagster_rl.tasks.lm.train.reference import Reference, reference_of
-from dagster_rl.tasks.lm.train.session import ENDED, JOBS, RESULTS, SPEC, STOP, Answer, SessionSpec, last_answered, pending_jobs, seq_name, write_whole
-from dagster_rl.tasks.lm.settings import GRPOLMSettings, PolicySettings
-from dagster_rl.tasks.lm.train.trainer import TrainMetrics, build_samples, shard, train_step
 from dagster_rl.core.records import Record
+from dagster_rl.runtime.lifetime import alive
+from dagster_rl.tasks.lm.model.policy import (
+    CheckpointError,
+    Policy,
+    checkpoint_bytes,
+    checkpoint_hash,
+    load_adapter,
+    load_checkpoint,
+    load_policy,
+    make_optimizer,
+    resolve_device,
+    save_checkpoint,
+)
+from dagster_rl.tasks.lm.records import LMRollout
+from dagster_rl.tasks.lm.rewards import LMReward
+from dagster_rl.tasks.lm.settings import GRPOLMSettings, PolicySettings
+from dagster_rl.tasks.lm.train.reference import Reference, reference_of
+from dagster_rl.tasks.lm.train.session import (
+    ENDED,
+    JOBS,
+    RESULTS,
+    SPEC,
+    STOP,
+    Answer,
+    SessionSpec,
+    last_answered,
+    pending_jobs,
+    seq_name,
+    write_whole,
+)
+from dagster_rl.tasks.lm.train.trainer import TrainMetrics, build_samples, shard, train_step
 
 CHECKPOINT_DIR = "checkpoint"
 METRICS = "metrics.json"
@@ -68,8 +91,12 @@ class TrainJob(Strict):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="policy.device, which the policy's own dump leaves out")
     grpo: GRPOLMSettings = GRPOLMSettings()
     input_checkpoint: str | None = Field(None, description="checkpoint folder; none: a fresh adapter (version 0)")
-    input_hash: str | None = Field(None, description="the input checkpoint's `checkpoint_hash`: workers holding it train from memory")
-    reference_checkpoint: str | None = Field(None, description="the KL term's reference adapter (a checkpoint folder); none: the base")
+    input_hash: str | None = Field(
+        None, description="the input checkpoint's `checkpoint_hash`: workers holding it train from memory"
+    )
+    reference_checkpoint: str | None = Field(
+        None, description="the KL term's reference adapter (a checkpoint folder); none: the base"
+    )
     reference_hash: str | None = Field(None, description="the reference's `checkpoint_hash`: workers holding it keep it")
     batch: str = Field(description="a TrainBatch JSON file")
     output_dir: str
@@ -104,13 +131,32 @@ def launch_torchrun(
     `master_port` may be placeholders a pod expands (`$(JOB_COMPLETION_INDEX)`, `$(MASTER_PORT)`)."""
     if nproc_per_node < 1 or nnodes < 1 or (isinstance(node_rank, int) and not 0 <= node_rank < nnodes):
         raise ValueError(f"nproc_per_node={nproc_per_node}, nnodes={nnodes}, node_rank={node_rank}: need >= 1, >= 1, 0..nnodes-1")
-    cmd = [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node), "--max-restarts", "0"]
+    cmd = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nnodes),
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--max-restarts",
+        "0",
+    ]
     if nnodes == 1 and master_addr is None:
         cmd.append("--standalone")
     else:
         if master_addr is None:
             raise ValueError("a multi-node job needs master_addr: the address of the node with node_rank 0")
-        cmd += ["--rdzv-backend", "static", "--node-rank", str(node_rank), "--master-addr", master_addr, "--master-port", str(master_port)]
+        cmd += [
+            "--rdzv-backend",
+            "static",
+            "--node-rank",
+            str(node_rank),
+            "--master-addr",
+            master_addr,
+            "--master-port",
+            str(master_port),
+        ]
     return cmd + ["-m", "dagster_rl.tasks.lm.train.entrypoint", str(job_path)]
 
 
@@ -169,7 +215,11 @@ def prepare(job: TrainJob, device: torch.device, held: TrainerState | None, from
     that it holds the job's input), else the input checkpoint loaded: into the loaded base when the
     settings are the same (bit for bit a fresh load), else with the base loaded afresh."""
     # `held`, when it has the job's base loaded on the job's device (its adapter may be another)
-    same_base = held if held is not None and held.device == device and held.policy.settings.model_dump() == job.policy.model_dump() else None
+    same_base = (
+        held
+        if held is not None and held.device == device and held.policy.settings.model_dump() == job.policy.model_dump()
+        else None
+    )
     if same_base is not None and from_memory:
         _reference(job, same_base)
         return same_base
@@ -210,7 +260,9 @@ def train_held(job: TrainJob, held: TrainerState, rank: int, world: int) -> tupl
     try:
         if dist.is_initialized():
             device = held.device
-            ddp = torch.nn.parallel.DistributedDataParallel(held.policy.model, device_ids=[device.index] if device.type == "cuda" else None)
+            ddp = torch.nn.parallel.DistributedDataParallel(
+                held.policy.model, device_ids=[device.index] if device.type == "cuda" else None
+            )
         metrics = train_step(
             held.policy,
             held.optimizer,
@@ -307,7 +359,14 @@ def serve(folder: Path, report=None) -> int:
                     timings["save_s"] = time.perf_counter() - t2
                     if report is not None:
                         report(metrics, digest, job, timings)
-                    answer = Answer(seq=command["seq"], step=job.step, metrics=metrics, checkpoint_hash=digest, from_memory=command["from_memory"], timings=timings)
+                    answer = Answer(
+                        seq=command["seq"],
+                        step=job.step,
+                        metrics=metrics,
+                        checkpoint_hash=digest,
+                        from_memory=command["from_memory"],
+                        timings=timings,
+                    )
                     write_whole(folder / RESULTS / seq_name(command["seq"]), answer.model_dump_json())
             except Exception as e:
                 # no answer: the job stays pending, for restarted workers (a lost peer is no fault of
@@ -391,7 +450,10 @@ def main(argv: list[str] | None = None) -> int:
         if target.is_dir():
             trained = serve(target, report)
             if rank0:
-                print(json.dumps({"steps": trained, "ended": (target / ENDED).read_text() if (target / ENDED).exists() else None}), flush=True)
+                print(
+                    json.dumps({"steps": trained, "ended": (target / ENDED).read_text() if (target / ENDED).exists() else None}),
+                    flush=True,
+                )
             return 0
         metrics = run_job(TrainJob.model_validate_json(target.read_text()), report)
     if rank0:

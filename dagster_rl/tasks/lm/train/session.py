@@ -34,9 +34,9 @@ from pathlib import Path
 
 from dagster_rl.core.experiment import Strict
 from dagster_rl.runtime.lifetime import alive, identity
+from dagster_rl.runtime.workers import Workers, WorkersGone
 from dagster_rl.tasks.lm.model.policy import checkpoint_hash, load_checkpoint, save_checkpoint
 from dagster_rl.tasks.lm.train.trainer import TrainMetrics
-from dagster_rl.runtime.workers import Workers, WorkersGone
 
 SPEC, JOBS, RESULTS, STEPS, REFERENCES, STOP, ENDED = "session.json", "jobs", "results", "steps", "references", "stop", "ended"
 OWNER = "owner"  # `<host> <pid>:<start time>` of the driver that made the folder
@@ -172,7 +172,9 @@ class TrainerSession:
         answer = self._wait(seq, timeout_s)
         files = load_checkpoint(output)
         if checkpoint_hash(files) != answer.checkpoint_hash:
-            raise StepFailed(f"the checkpoint in {output} is not the one rank 0 wrote (hash {answer.checkpoint_hash}); the shared folder lost a write")
+            raise StepFailed(
+                f"the checkpoint in {output} is not the one rank 0 wrote (hash {answer.checkpoint_hash}); the shared folder lost a write"
+            )
         self.last_output, self.last_files = (answer.checkpoint_hash, output), files
         self.workers.stepped()
         for old in (self.folder / STEPS).iterdir():  # inputs and outputs of earlier steps are needed no more
@@ -200,7 +202,9 @@ class TrainerSession:
                 self._note_ended(e)
                 raise
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the trainer session gave no answer to step job {seq} within {timeout_s:g} s; its workers are stopped")
+                raise TimeoutError(
+                    f"the trainer session gave no answer to step job {seq} within {timeout_s:g} s; its workers are stopped"
+                )
             time.sleep(self.poll_s)
 
     def _note_ended(self, error: Exception) -> None:

@@ -23,14 +23,13 @@ import torch.distributed as dist
 from dagster_rl.core.advantages import group_normalized_advantages, groups_with_signal
 from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.core.hashing import seed_of
-from dagster_rl.tasks.lm.train.grpo_loss import grpo_batch_loss
+from dagster_rl.core.records import Record
 from dagster_rl.tasks.lm.model.logprobs import PackedBatch, pack, packed_logprobs
 from dagster_rl.tasks.lm.model.policy import Policy
-from dagster_rl.tasks.lm.rewards import LMReward
 from dagster_rl.tasks.lm.records import LMRollout
+from dagster_rl.tasks.lm.rewards import LMReward
 from dagster_rl.tasks.lm.settings import GRPOLMSettings
-from dagster_rl.core.records import Record
-
+from dagster_rl.tasks.lm.train.grpo_loss import grpo_batch_loss
 
 OldLogp = Literal["sampler", "trainer"]  # the ratio's old policy (see `train_step`)
 
@@ -51,7 +50,9 @@ class TrainMetrics(Record):
     ratio: float  # mean over samples of the token mean
     kl: float
     clip_frac: float
-    ratio_max_dev: float  # max over the step's tokens of |ratio - 1|: 0 on-policy (old = the trainer's own), the lag's drift off it
+    ratio_max_dev: (
+        float  # max over the step's tokens of |ratio - 1|: 0 on-policy (old = the trainer's own), the lag's drift off it
+    )
     logp_max_dev: float  # max over the step's tokens of |trainer's log-prob - sampler's| before the update (on_policy)
     logp_mean_dev: float  # mean over the step's tokens of (trainer's log-prob - sampler's): a bias, where there is one
     grad_norm: float  # before clipping
@@ -62,7 +63,9 @@ class TrainMetrics(Record):
     world_size: int
 
 
-def build_samples(rollouts: Sequence[LMRollout], rewards: Sequence[LMReward], advantage_eps: float) -> tuple[list[TrainSample], dict[str, float]]:
+def build_samples(
+    rollouts: Sequence[LMRollout], rewards: Sequence[LMReward], advantage_eps: float
+) -> tuple[list[TrainSample], dict[str, float]]:
     """Samples sorted by trial id, advantages normalized within each (step, prompt) group.
 
     Rollouts without a reward (skipped trials) are left out; a group whose rewards are all equal
@@ -112,7 +115,9 @@ def micro_batches(samples: Sequence[TrainSample], budget: int) -> list[list[int]
 
 def _pack(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -> tuple[PackedBatch, torch.Tensor, torch.Tensor]:
     """The micro-batch, its behavior log-probs (B, C) padded with 0, and its advantages (B,)."""
-    batch = pack([s.prompt_ids for s in samples], [s.completion_ids for s in samples], [s.temperature for s in samples], pad_id, device)
+    batch = pack(
+        [s.prompt_ids for s in samples], [s.completion_ids for s in samples], [s.temperature for s in samples], pad_id, device
+    )
     old = torch.zeros(batch.completion_mask.shape, dtype=torch.float32)
     for row, s in enumerate(samples):
         old[row, : len(s.old_logp)] = torch.tensor(s.old_logp, dtype=torch.float32)
@@ -169,7 +174,9 @@ def train_step(
             for (batch, old, adv), ref in zip(batches, refs, strict=True):
                 new = packed_logprobs(forward_model, batch)
                 behavior = new.detach() if old_logp == "trainer" else old
-                loss, stats = grpo_batch_loss(new, behavior, ref, batch.completion_mask, adv, grpo.clip_eps, grpo.kl_beta, sampler_logp=old)
+                loss, stats = grpo_batch_loss(
+                    new, behavior, ref, batch.completion_mask, adv, grpo.clip_eps, grpo.kl_beta, sampler_logp=old
+                )
                 (loss.sum() * scale).backward()
                 sums[:4] += torch.stack([x.sum() for x in (loss.detach(), stats.ratio, stats.kl, stats.clip_frac)]).double()
                 sums[4] += len(adv)
@@ -195,7 +202,9 @@ def train_step(
     policy.version += 1
     n = float(sums[4])
     if int(n) != total_samples:
-        raise DagsterRLError(f"ranks trained {int(n)} samples, not the {total_samples} the step was given; shards overlap or are lost")
+        raise DagsterRLError(
+            f"ranks trained {int(n)} samples, not the {total_samples} the step was given; shards overlap or are lost"
+        )
     return TrainMetrics(
         version=policy.version,
         loss=float(sums[0]) / n,

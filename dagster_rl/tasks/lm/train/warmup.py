@@ -23,12 +23,13 @@ import random
 from collections.abc import Callable, Sequence
 
 import torch
+
 from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.core.hashing import seed_of
-from dagster_rl.tasks.lm.model.policy import Policy, checkpoint_bytes
-from dagster_rl.tasks.lm.data.prompts import PromptItem, encode_prompt
-from dagster_rl.tasks.lm.settings import WarmupSettings
 from dagster_rl.core.records import Record
+from dagster_rl.tasks.lm.data.prompts import PromptItem, encode_prompt
+from dagster_rl.tasks.lm.model.policy import Policy, checkpoint_bytes
+from dagster_rl.tasks.lm.settings import WarmupSettings
 
 WARMUP = "warmup.json"  # the file of a warm-up checkpoint that says how it was made
 
