@@ -4,7 +4,7 @@ Each task subclasses `Experiment` with its own `task`, rubric and training setti
 `dagster_rl.core.task`); `dagster_rl.core.experiment_files` reads the YAML files into those classes.
 """
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
@@ -40,8 +40,20 @@ class Checks(Strict):
     min_usable_fraction: float = Field(0.5, ge=0.0, le=1.0, description="usable trials / planned trials")
 
 
+class Rubric(Protocol):
+    """What the generic layer reads of a task's rubric: the top of its reward scale, and its settings."""
+
+    @property
+    def max_reward(self) -> float: ...
+
+    def model_dump(self) -> dict[str, Any]: ...
+
+
 class Experiment(Strict):
     """The settings every task's experiment class has; the task adds `task` and its own sections."""
+
+    if TYPE_CHECKING:  # each task's experiment declares its rubric as a field of its own type
+        rubric: Rubric
 
     name: str = Field(pattern=IDENTIFIER, description="names the asset group and the jobs")
     description: str = Field("", description="free text, shown in the UI on the driver asset; in no cache key")
@@ -97,7 +109,7 @@ class Experiment(Strict):
     @property
     def max_reward(self) -> float:
         """The top of the reward scale: each task's rubric says it."""
-        return self.rubric.max_reward  # type: ignore[attr-defined]
+        return self.rubric.max_reward
 
     def backends(self) -> dict[str, str]:
         """The backend this experiment runs in the rollout and trainer environments, by name."""
