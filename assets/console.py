@@ -84,7 +84,7 @@ def quiet_interrupted_connection_closes() -> None:
     """SQLAlchemy logs an error, with its traceback, when an exception interrupts its closing of a
     connection: Dagster raises its interruption (Ctrl-C, SIGTERM) wherever the process is, and the
     SQLite instance's pool may be closing one then. The run's one line says it was interrupted; any
-    other error of the pool still reaches the terminal, as before."""
+    other error of the pool still reaches the terminal."""
     pool = logging.getLogger("sqlalchemy.pool")
     if not any(isinstance(f, _NotAnInterruption) for h in pool.handlers for f in h.filters):
         handler = _Stderr()

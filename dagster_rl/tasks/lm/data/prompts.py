@@ -67,7 +67,7 @@ class SyntheticPrompts(Strict):
 
 class GSM8KPrompts(Strict):
     """A JSONL file of {"question": ..., "answer": "... #### <number>"} lines; `builtin:word-problems`
-    names the word problems written in code (`lm.word_problems`)."""
+    names the word problems written in code (`tasks.lm.data.word_problems`)."""
 
     kind: Literal["gsm8k"] = Field("gsm8k", description="a GSM8K-format JSONL file")
     path: str = Field(description="the JSONL file, or builtin:word-problems (generated in code)")

@@ -13,7 +13,7 @@ Digits are always single tokens, and decoding gives back the text exactly ("12" 
 
 Built-in models, by name (`builtin:<name>`; what a name builds never changes, since machines cache
 the folder by name): `tiny-qwen2` (the 68-token vocabulary above, hidden 64, 2 layers, no chat
-template), `tiny-qwen2-gsm8k` for the GSM8K-format word problems of `lm.word_problems`: every
+template), `tiny-qwen2-gsm8k` for the GSM8K-format word problems of `tasks.lm.data.word_problems`: every
 byte plus each word of their vocabulary as one token, ChatML special tokens and a chat template
 (`<|im_start|>user ... <|im_end|>`, eos `<|im_end|>`), hidden 64, 2 layers; and `tiny-qwen2-vllm`,
 a model a real vLLM serves on the CPU: `tiny-qwen2`'s tokenizer, hidden 128 with 4 heads (head size
