@@ -64,6 +64,10 @@ def nothing_left(cluster: FakeKubernetes) -> None:
     assert cluster.running_processes() == []
 
 
+# One attempt's objects, from creation to cleanup: the Service, the Job (then owning the Service), its pods.
+WHOLE_LIFECYCLE = ["create service", "create job", "patch service", "delete job", "delete pod", "delete service"]
+
+
 def lifecycle(calls: list[tuple[str, str]], job: str) -> list[str]:
     """The calls about one attempt's objects, pods collapsed."""
     out = []
@@ -110,14 +114,7 @@ def test_two_pods_of_torchrun_train_the_step_the_local_torchrun_trainer_trains(l
     # create the Service and the Job (the Service then owned by the Job), read pod 0, delete all
     job = next(obj.split("/", 1)[1] for verb, obj in cluster.calls if obj.startswith("job/"))
     assert job.startswith("drl-tiny-grpo-s0000-") and job.endswith("-a0")
-    assert lifecycle(cluster.calls, job) == [
-        "create service",
-        "create job",
-        "patch service",
-        "delete job",
-        "delete pod",
-        "delete service",
-    ]
+    assert lifecycle(cluster.calls, job) == WHOLE_LIFECYCLE
     assert [c for c in cluster.calls if c[0] == "delete" and c[1].startswith("pod/")].__len__() == 2
     nothing_left(cluster)
 
@@ -183,14 +180,7 @@ def test_a_failed_pod_restarts_the_whole_set_and_every_attempt_is_cleaned_up(clu
     created = [obj.split("/", 1)[1] for verb, obj in cluster.calls if verb == "create" and obj.startswith("job/")]
     assert len(created) == 2 and created[0].endswith("-a0") and created[1].endswith("-a1")
     for name in created:
-        assert lifecycle(cluster.calls, name) == [
-            "create service",
-            "create job",
-            "patch service",
-            "delete job",
-            "delete pod",
-            "delete service",
-        ]
+        assert lifecycle(cluster.calls, name) == WHOLE_LIFECYCLE
     assert any("failed, 1 whole-set restart(s) left" in m for m in logs)
     # pod 0 of the attempt that succeeded reported, and resolved its own DNS name through the Service
     messages = json.loads(next(m for m in logs if m.startswith("messages: "))[len("messages: ") :])
@@ -377,14 +367,7 @@ def test_a_session_of_three_steps_is_one_job_whose_pods_survive_a_restart_byte_i
     created = [obj.split("/", 1)[1] for verb, obj in cluster.calls if verb == "create" and obj.startswith("job/")]
     assert killed == created[:1] and len(created) == 2 and created[0].endswith("-a0") and created[1].endswith("-a1")
     for name in created:
-        assert lifecycle(cluster.calls, name) == [
-            "create service",
-            "create job",
-            "patch service",
-            "delete job",
-            "delete pod",
-            "delete service",
-        ]
+        assert lifecycle(cluster.calls, name) == WHOLE_LIFECYCLE
     logs = [e.message for e in pods.instance.all_logs(result.run_id)]
     assert any(f"trainer session Job {created[0]} failed, 1 whole-set restart(s) left" in m for m in logs)
     reported = [m for m in logs if m.startswith("trainer rank 0 reported: ")]
@@ -455,14 +438,7 @@ def test_a_session_job_lives_for_the_range_and_its_pods_exit_when_told(cluster, 
     result, logs = _materialize_session(_session_asset(job, cluster), cluster, tmp_path)
     assert result.success, failure_message(result)
     [name] = json.loads(next(m for m in logs if m.startswith("jobs: "))[len("jobs: ") :])
-    assert lifecycle(cluster.calls, name) == [
-        "create service",
-        "create job",
-        "patch service",
-        "delete job",
-        "delete pod",
-        "delete service",
-    ]
+    assert lifecycle(cluster.calls, name) == WHOLE_LIFECYCLE
     pods = [p for p in cluster.deleted_pods if p.job == name]
     assert len(pods) == 2 and all(p.exit_code == 0 and not p.killed for p in pods)  # they exited on their own, then were deleted
     nothing_left(cluster)
