@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:  # `dagster-rl lineage demo 7 | head`: the reader has what it wanted
         quiet_closed_stdout()
         sys.exit(0)
-    except Exception as e:  # noqa: BLE001 - every error is one message; the traceback behind --debug
+    except Exception as e:  # every error is one message; the traceback behind --debug
         if args.debug:
             sys.excepthook = sys.__excepthook__  # the whole traceback, whatever a code location that failed to load set
             raise

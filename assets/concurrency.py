@@ -208,7 +208,7 @@ class ExperimentExecutor(Executor):
                     infos = [instance.event_log_storage.get_concurrency_info(p) for p in pools]
                     if all(run.run_id in i.active_run_ids for i in infos):
                         return
-                except Exception as e:  # noqa: BLE001 - the watch is a help, never the run's failure
+                except Exception as e:  # the watch is a help, never the run's failure
                     plan_context.log.warning(f"could not look at the runs holding pool(s) {pools}: {e!r}")
                 if stop.wait(WATCH_EVERY_S):
                     return
@@ -235,7 +235,7 @@ def _check_range(plan_context, steps: list, pools: list[str]) -> None:
     experiment = pools[0][len(POOL_PREFIX) :]
     try:
         keys = list(plan_context.job.get_definition().partitions_def.get_partition_keys())
-    except Exception:  # noqa: BLE001 - the steps are a help in the message, not its point
+    except Exception:  # the steps are a help in the message, not its point
         keys = []
     instance.add_run_tags(run.run_id, {MAX_RETRIES_TAG: "0", EXPERIMENT_TAG: experiment})
     raise no_range(run.job_name, experiment, keys)

@@ -18,18 +18,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # runs on an ephemeral instance: the code location's DAGSTER_HOME check needs a folder, any will do
 os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp(prefix="dagster-rl-bench-home-"))
 
-from dagster import DagsterInstance  # noqa: E402
+from dagster import DagsterInstance
 
-from assets.definitions import build_definitions  # noqa: E402
-from dagster_rl.core.experiment import step_key  # noqa: E402
-from dagster_rl.core.experiment_files import load_experiments  # noqa: E402
-from dagster_rl.core.task import Backends  # noqa: E402
-from dagster_rl.judges.rubric_judge import RubricJudge  # noqa: E402
-from dagster_rl.store.artifact_store import ArtifactStore  # noqa: E402
-from dagster_rl.tasks.secret_search.backends import SandboxRollouts, TabularTrainer  # noqa: E402
-from dagster_rl.tasks.secret_search.judge import score  # noqa: E402
-from dagster_rl.tasks.secret_search.loop import initial_weights, run_step  # noqa: E402
-from resources import ArtifactStoreResource, RolloutEnvironment  # noqa: E402
+from assets.definitions import build_definitions
+from dagster_rl.core.experiment import step_key
+from dagster_rl.core.experiment_files import load_experiments
+from dagster_rl.core.task import Backends
+from dagster_rl.judges.rubric_judge import RubricJudge
+from dagster_rl.store.artifact_store import ArtifactStore
+from dagster_rl.tasks.secret_search.backends import SandboxRollouts, TabularTrainer
+from dagster_rl.tasks.secret_search.judge import score
+from dagster_rl.tasks.secret_search.loop import initial_weights, run_step
+from resources import ArtifactStoreResource, RolloutEnvironment
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 

@@ -74,8 +74,8 @@ from pathlib import Path
 
 import lm_common  # sets the offline environment and sys.path first
 
-from dagster_rl.tasks.lm.model.tiny import resolve_model  # noqa: E402
-from dagster_rl.tasks.lm.settings import ATTENTION_AND_MLP  # noqa: E402
+from dagster_rl.tasks.lm.model.tiny import resolve_model
+from dagster_rl.tasks.lm.settings import ATTENTION_AND_MLP
 
 PHASES = ("decode", "nograd_logp", "reward")
 RUBRIC = {"name": "accuracy", "accuracy": 1.0, "format": 0.5}
@@ -95,6 +95,12 @@ def prompt_set_of(args):
     from dagster_rl.tasks.lm.data.prompts import GSM8KPrompts, SyntheticPrompts, load_prompt_set
 
     return load_prompt_set(GSM8KPrompts(path=args.prompts_path) if args.model else SyntheticPrompts(ops=OPS))
+
+
+def no_grad_now() -> bool:
+    import torch
+
+    return not torch.is_grad_enabled()
 
 
 class Clock:
@@ -174,7 +180,6 @@ def settings(args):
 
 
 def run_ours(args, model_dir: Path) -> dict:
-    import torch
 
     from dagster_rl.tasks.lm import in_memory
     from dagster_rl.tasks.lm.model.policy import make_optimizer
@@ -187,9 +192,8 @@ def run_ours(args, model_dir: Path) -> dict:
     optimizer = make_optimizer(policy, grpo)
     prompt_set = prompt_set_of(args)
     clock = Clock()
-    no_grad = lambda: not torch.is_grad_enabled()  # noqa: E731
     rollout_hf.generate = clock.wrap("decode", rollout_hf.generate)
-    trainer.packed_logprobs = clock.wrap("nograd_logp", trainer.packed_logprobs, when=no_grad)
+    trainer.packed_logprobs = clock.wrap("nograd_logp", trainer.packed_logprobs, when=no_grad_now)
     in_memory.score = clock.wrap("reward", in_memory.score)
     in_memory.build_samples = clock.wrap("reward", in_memory.build_samples)
     rss_start = reset_hwm()
@@ -304,9 +308,8 @@ def run_trl(args, model_dir: Path) -> dict:
     del ours
 
     clock = Clock()
-    no_grad = lambda: not torch.is_grad_enabled()  # noqa: E731
     trl._generate = clock.wrap("decode", trl._generate)
-    trl._get_per_token_logps_and_entropies = clock.wrap("nograd_logp", trl._get_per_token_logps_and_entropies, when=no_grad)
+    trl._get_per_token_logps_and_entropies = clock.wrap("nograd_logp", trl._get_per_token_logps_and_entropies, when=no_grad_now)
     rewards_seen: list[float] = []
 
     def calculate_rewards(*a, **kw):

@@ -15,12 +15,12 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
+import torch
+from transformers import AutoModelForCausalLM
 
-from dagster_rl.tasks.lm.model.policy import Policy, load_policy  # noqa: E402
-from dagster_rl.tasks.lm.model.tiny import tiny_config, tiny_tokenizer  # noqa: E402
-from dagster_rl.tasks.lm.settings import LoRASettings, PolicySettings  # noqa: E402
+from dagster_rl.tasks.lm.model.policy import Policy, load_policy
+from dagster_rl.tasks.lm.model.tiny import tiny_config, tiny_tokenizer
+from dagster_rl.tasks.lm.settings import LoRASettings, PolicySettings
 
 # the tests' adapter: every projection of every layer plus the head
 TARGETS = ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")

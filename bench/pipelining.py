@@ -28,13 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # runs on an ephemeral instance: the code location's DAGSTER_HOME check needs a folder, any will do
 os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp(prefix="dagster-rl-bench-home-"))
 
-from dagster import DagsterInstance  # noqa: E402
+from dagster import DagsterInstance
 
-from assets.definitions import build_definitions  # noqa: E402
-from dagster_rl.core.experiment import step_key  # noqa: E402
-from dagster_rl.core.experiment_files import parse_experiment  # noqa: E402
-from resources import ArtifactStoreResource  # noqa: E402
-from tests.settings import shipped_settings  # noqa: E402
+from assets.definitions import build_definitions
+from dagster_rl.core.experiment import step_key
+from dagster_rl.core.experiment_files import parse_experiment
+from resources import ArtifactStoreResource
+from tests.settings import shipped_settings
 
 REPORTED = "trainer rank 0 reported: "
 SESSIONS = ("step", "range")

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import lm_common  # noqa: F401  (sets the offline environment and sys.path first)
+import lm_common
 import torch
 
 from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step, render

@@ -23,8 +23,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dagster_rl.inference.vllm_client import ServerReplyError, ServerSampling, completion_body, parse_completion  # noqa: E402
-from tests.serve_process import ServeProcess  # noqa: E402
+from dagster_rl.inference.vllm_client import ServerReplyError, ServerSampling, completion_body, parse_completion
+from tests.serve_process import ServeProcess
 
 TINY, PROMPT, VOCAB = "builtin:tiny-qwen2", [3, 9, 11, 4], 68
 

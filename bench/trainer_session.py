@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pipelining import arguments, pipelining_table, run  # noqa: E402
+from pipelining import arguments, pipelining_table, run
 
 
 def overhead(steps: list[dict]) -> list[float]:

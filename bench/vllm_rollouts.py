@@ -38,7 +38,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-import lm_common  # noqa: F401  (sets the offline environment and sys.path first)
+import lm_common
 import torch
 from safetensors.torch import load_file, save_file
 

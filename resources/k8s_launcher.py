@@ -123,7 +123,7 @@ class PipesK8sJobLauncher(ConfigurableResource):
         )
 
     def kubernetes_client(self, pipes: PipesK8sClient) -> DagsterKubernetesClient:
-        pipes._load_k8s_config()  # noqa: SLF001 - dagster-k8s's own config loading (in-cluster or kubeconfig)
+        pipes._load_k8s_config()  # dagster-k8s's own config loading (in-cluster or kubeconfig)
         return DagsterKubernetesClient.production_client()
 
     # ---- the launch ---------------------------------------------------------------------------
@@ -261,7 +261,7 @@ class PipesK8sJobLauncher(ConfigurableResource):
             except kubernetes.client.ApiException as e:
                 if e.status != 404:
                     context.log.warning(f"could not delete trainer {what} {ns}/{name}: {e}; it expires by its TTL / owner")
-            except Exception as e:  # noqa: BLE001 - cleanup is best effort
+            except Exception as e:  # cleanup is best effort
                 context.log.warning(f"could not delete trainer {what} {ns}/{name}: {e!r}")
 
 
@@ -415,7 +415,7 @@ class PodLogs:
         try:
             with pipes.consume_pod_logs(context=context, client=client, namespace=namespace, pod_name=self.pod):
                 pass
-        except BaseException as e:  # noqa: BLE001 - reported by drain; the Job's outcome decides the step
+        except BaseException as e:  # reported by drain; the Job's outcome decides the step
             self.error = e
 
     def drain(self, timeout_s: float) -> str | None:

@@ -156,5 +156,5 @@ def _lift_typed_output_requirement(context: AssetExecutionContext) -> None:
     range of partitions as one AssetMaterialization per step instead, so the requirement is lifted
     after each trainer call. dagster 1.13 has no public switch for this: private attribute, pinned
     version; tests/test_lm_driver.py fails if it stops working."""
-    step = context.op_execution_context._step_execution_context  # noqa: SLF001
-    step._requires_typed_event_stream = False  # noqa: SLF001
+    step = context.op_execution_context._step_execution_context
+    step._requires_typed_event_stream = False

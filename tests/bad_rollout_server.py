@@ -88,10 +88,10 @@ class CorruptingProxy:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:  # http.server's naming
                 self._relay("GET")
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self._relay("POST")
 
             def log_message(self, *args: Any) -> None:

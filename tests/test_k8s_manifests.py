@@ -308,7 +308,7 @@ def run_and_step_pods(values: dict, monkeypatch) -> tuple[dict, dict]:
         step_tags={step_key: driver.op.tags},
         get_step_context=lambda key: SimpleNamespace(step=SimpleNamespace(op_name=driver.op.name)),
     )
-    step_pod = pod(handler._get_container_context(step_context), "dagster-step-0123456789", "step_worker")  # noqa: SLF001
+    step_pod = pod(handler._get_container_context(step_context), "dagster-step-0123456789", "step_worker")
     return run_pod, step_pod
 
 

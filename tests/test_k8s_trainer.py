@@ -335,7 +335,7 @@ def test_a_driver_without_the_rbac_role_fails_at_once_and_says_what_to_apply(tmp
 
 def kill_pod(cluster: FakeKubernetes, index: int) -> str:
     """SIGKILL the process group of pod `index` of the newest Job (a lost node); return the Job's name."""
-    with cluster._lock:  # noqa: SLF001 - the test plays the node that dies
+    with cluster._lock:  # the test plays the node that dies
         job = max(cluster.jobs.values(), key=lambda j: j.number)
         pod = job.pods[index]
     kill_pod_processes(pod.proc.pid)

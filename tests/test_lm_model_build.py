@@ -49,7 +49,7 @@ def test_a_tied_model_loads_whole_from_several_threads_at_once(tied_dir):
         start.wait()
         try:
             loaded.append(load_policy(settings, device=torch.device("cpu")))
-        except Exception as e:  # noqa: BLE001 - reported below, with the others
+        except Exception as e:  # reported below, with the others
             errors.append(e)
 
     for _ in range(2):  # rounds: the race is a matter of timing

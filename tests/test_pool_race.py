@@ -18,7 +18,7 @@ def _set_limit(home: str, pool: str, barrier, errors) -> None:
         with DagsterInstance.from_config(home) as instance:
             barrier.wait(timeout=60)  # every process opened the instance: now all at once
             ensure_limit(instance, pool)
-    except BaseException:  # noqa: BLE001 - reported to the test, which fails with it
+    except BaseException:  # reported to the test, which fails with it
         errors.put(traceback.format_exc())
 
 

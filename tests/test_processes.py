@@ -310,7 +310,7 @@ def test_an_interruption_inside_the_instances_connection_close_prints_no_traceba
     for error in (DagsterExecutionInterruptedError(), KeyboardInterrupt(), OSError("disk I/O error")):
         try:
             raise error
-        except BaseException:  # noqa: BLE001 - as SQLAlchemy's _close_connection catches it
+        except BaseException:  # as SQLAlchemy's _close_connection catches it
             pool.error("Exception closing connection %r", "<conn>", exc_info=True)
     err = capsys.readouterr().err
     assert err.count("Exception closing connection") == 1 and "OSError: disk I/O error" in err, err

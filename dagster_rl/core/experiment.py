@@ -10,7 +10,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from dagster_rl.core import bounds
 from dagster_rl.core.hashing import content_hash
-from dagster_rl.core.strict import Strict  # noqa: F401 - settings modules import it from here
+from dagster_rl.core.strict import Strict
 from dagster_rl.runtime.pods import PodResources
 
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"

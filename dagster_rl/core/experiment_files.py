@@ -130,7 +130,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise ExperimentError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save the file as UTF-8") from None
     try:
-        raw = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader
+        raw = yaml.load(text, Loader=_Loader)  # a SafeLoader
     except _DuplicateKey as e:
         raise ExperimentError(f"{path}: {e}") from None
     except yaml.YAMLError as e:

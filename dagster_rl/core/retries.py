@@ -43,7 +43,7 @@ def with_retries(what: str, fn: Callable[[int], T], max_retries: int, timeout_s:
         start = time.monotonic()
         try:
             result = fn(attempt)
-        except Exception as e:  # noqa: BLE001 - every failure of an attempt is retried
+        except Exception as e:  # every failure of an attempt is retried
             errors.append(e)
             continue
         if time.monotonic() - start > timeout_s:

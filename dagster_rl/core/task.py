@@ -197,7 +197,7 @@ class Backends(Generic[RB, TB]):
             if callable(close):
                 try:
                     close()
-                except Exception as e:  # noqa: BLE001 - the others are closed all the same
+                except Exception as e:  # the others are closed all the same
                     errors.append(e)
         if errors:
             raise errors[0]
@@ -211,7 +211,7 @@ class Backends(Generic[RB, TB]):
         except BaseException:
             try:
                 self.close()
-            except Exception as e:  # noqa: BLE001 - the error that ended the range is the one to report
+            except Exception as e:  # the error that ended the range is the one to report
                 warn(f"closing the backends after a failed range: {e!r}")
             raise
         self.close()

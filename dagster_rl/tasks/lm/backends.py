@@ -142,7 +142,7 @@ class HFRollouts:
             start = time.monotonic()
             try:
                 generated = generate_rollouts(policy, healthy, exp.sampling, template)
-            except Exception as e:  # noqa: BLE001 - the attempt of these trials failed: retry them
+            except Exception as e:  # the attempt of these trials failed: retry them
                 errors.update(dict.fromkeys((r.trial_id for r in healthy), e))
             else:
                 if time.monotonic() - start > self.limits.timeout_s:

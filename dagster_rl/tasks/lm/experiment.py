@@ -5,7 +5,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from dagster_rl.core import bounds
-from dagster_rl.core.experiment import Checks, Experiment, Strict
+from dagster_rl.core.experiment import Checks, Experiment
+from dagster_rl.core.strict import Strict
 from dagster_rl.runtime.pods import PodResources
 from dagster_rl.tasks.lm.data.prompts import PromptSource, SyntheticPrompts
 from dagster_rl.tasks.lm.settings import GRPOLMSettings, LMRubric, PolicySettings, SamplingSettings, WarmupSettings

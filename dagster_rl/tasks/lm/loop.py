@@ -112,7 +112,7 @@ class LMLoop:
                     if lag and k < last and not _passed(result, "on_policy"):  # step k+1 was sampled by the same sampler
                         try:
                             discard_rollouts(store, generating.result())
-                        except Exception as e:  # noqa: BLE001 - its generation failed: nothing of it to discard
+                        except Exception as e:  # its generation failed: nothing of it to discard
                             warn(f"step {step_key(k + 1)}'s generation failed too: {e!r}")
                     passed = all(c.passed for c in result.checks)
                     if not lag and k < last and passed:

@@ -5,7 +5,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from dagster_rl.core import bounds
-from dagster_rl.core.experiment import ADVANTAGE_EPS, Strict
+from dagster_rl.core.experiment import ADVANTAGE_EPS
+from dagster_rl.core.strict import Strict
 
 ATTENTION_AND_MLP = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 Beta = Annotated[float, Field(ge=0.0, lt=1.0)]  # an Adam moment's decay
