@@ -40,6 +40,13 @@ class Checks(Strict):
     min_usable_fraction: float = Field(0.5, ge=0.0, le=1.0, description="usable trials / planned trials")
 
 
+class TaskSection(Protocol):
+    """What the generic layer reads of a task's `task` section: its kind."""
+
+    @property
+    def kind(self) -> str: ...
+
+
 class Rubric(Protocol):
     """What the generic layer reads of a task's rubric: the top of its reward scale, and its settings."""
 
@@ -52,7 +59,8 @@ class Rubric(Protocol):
 class Experiment(Strict):
     """The settings every task's experiment class has; the task adds `task` and its own sections."""
 
-    if TYPE_CHECKING:  # each task's experiment declares its rubric as a field of its own type
+    if TYPE_CHECKING:  # each task's experiment declares these as fields of its own types
+        task: TaskSection
         rubric: Rubric
 
     name: str = Field(pattern=IDENTIFIER, description="names the asset group and the jobs")
@@ -104,7 +112,7 @@ class Experiment(Strict):
     @property
     def kind(self) -> str:
         """The task kind (`task.kind` in the file): what `dagster_rl.core.task.task_of` looks up."""
-        return self.task.kind  # type: ignore[attr-defined]
+        return self.task.kind
 
     @property
     def max_reward(self) -> float:
