@@ -48,7 +48,7 @@ PROVISION = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from dagster_rl.tasks.lm import packaged
+    from dagster_rl.tasks.lm.model import packaged
 
     gguf, cache = Path(sys.argv[1]), Path(sys.argv[2])
     packaged.gguf_path = lambda name: gguf
