@@ -350,6 +350,7 @@ class Task(Generic[E]):
 BUILTIN_TASKS = {
     "secret_search": "dagster_rl.tasks.secret_search.task",
     "verifiable_prompts": "dagster_rl.tasks.lm.task",
+    "text_agent": "dagster_rl.tasks.agent.task",
 }
 _REGISTERED: dict[str, Task] = {}
 

@@ -2,4 +2,5 @@
 
 secret_search  the agentic sandbox world, tabular document priors
 lm             language models: GRPO over a LoRA adapter, prompts with verifiable answers
+agent          a language model acting in a text environment over several turns (`text_agent`)
 """

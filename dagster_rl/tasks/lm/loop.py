@@ -28,15 +28,18 @@ from safetensors.torch import load as load_safetensors
 from dagster_rl.core.checks import CheckOutcome, on_policy, step_checks, weights_finite
 from dagster_rl.core.experiment import step_key
 from dagster_rl.core.hashing import canonical_json
+from dagster_rl.core.progress import Progress
 from dagster_rl.core.records import STATS, TrainedFrom
 from dagster_rl.core.steps import mean, trained_from, weights_key
 from dagster_rl.core.task import StepAsset, StepResult, WarmupResult, Warn, Weights
 from dagster_rl.store.artifact_store import ArtifactStore
 from dagster_rl.tasks.lm.backend_protocols import Checkpoint
 from dagster_rl.tasks.lm.code_versions import CODE_VERSIONS
-from dagster_rl.tasks.lm.data.prompts import load_prompt_set
+from dagster_rl.tasks.lm.data.prompts import PromptSet, load_prompt_set
 from dagster_rl.tasks.lm.experiment import LMExperiment as Exp
 from dagster_rl.tasks.lm.model.policy import ADAPTER
+from dagster_rl.tasks.lm.records import LMRollout
+from dagster_rl.tasks.lm.rewards import LMReward
 from dagster_rl.tasks.lm.step_evaluation import evaluate_step
 from dagster_rl.tasks.lm.step_generation import Generated, LMBackends, discard_rollouts, generate_step
 from dagster_rl.tasks.lm.weights import base_weights, checkpoint_of, stored_weights, warmup_result, warmup_weights
@@ -80,10 +83,41 @@ class LMLoop:
         stats = LMTrainStats.model_validate_json(store.get("weights", weights.ref.key, STATS))
         return self.load_weights(exp, store, step_key(step), stats.prev_weights_key)
 
+    def prompt_set(self, exp: Exp) -> PromptSet:
+        """What a step's prompts and the held-out ones are drawn from."""
+        return load_prompt_set(exp.task.source)
+
+    def generate(
+        self,
+        exp: Exp,
+        step: int,
+        behavior: Weights[Checkpoint],
+        prompts: PromptSet,
+        store: ArtifactStore,
+        backends: LMBackends,
+        warn: Warn,
+    ) -> Generated[LMRollout, LMReward]:
+        """A step's rollouts and rewards, stored (`step_generation`)."""
+        return generate_step(exp, step, behavior, prompts, store, backends, warn)
+
+    def evaluate(
+        self,
+        exp: Exp,
+        step: int,
+        weights: Weights[Checkpoint],
+        base: Weights[Checkpoint],
+        initial: Weights[Checkpoint],
+        prompts: PromptSet,
+        store: ArtifactStore,
+        progress: Progress,
+    ) -> StepAsset:
+        """A step's held-out evaluation (`step_evaluation`)."""
+        return evaluate_step(exp, step, weights, base, initial, prompts, store, progress)
+
     def iter_steps(
         self, exp: Exp, steps: Sequence[int], start: Weights[Checkpoint], store: ArtifactStore, backends: LMBackends, warn: Warn
     ) -> Iterator[StepResult | StepAsset]:
-        prompts = load_prompt_set(exp.task.source)
+        prompts = self.prompt_set(exp)
         lag, first, last = exp.max_policy_lag, steps[0], steps[-1]
         weights = {first - 1: start}  # step -> the weights it produced; -1: initial
         if lag and first - 2 >= -1:
@@ -97,7 +131,7 @@ class LMLoop:
             return weights[max(k - 1 - lag, -1)]
 
         def generate(k: int):
-            return gen_pool.submit(generate_step, exp, k, behavior(k), prompts, store, backends, warn)
+            return gen_pool.submit(self.generate, exp, k, behavior(k), prompts, store, backends, warn)
 
         threads = torch.get_num_threads()
         torch.set_num_threads(exp.generation_threads)
@@ -123,7 +157,7 @@ class LMLoop:
                     while evaluating:  # evaluation of step k-1 is awaited after step k trains
                         yield evaluating.pop(0).result()
                     evaluating.append(
-                        eval_pool.submit(evaluate_step, exp, k, weights[k], base, initial, prompts, store, backends.progress)
+                        eval_pool.submit(self.evaluate, exp, k, weights[k], base, initial, prompts, store, backends.progress)
                     )
                 for pending in evaluating:
                     yield pending.result()

@@ -3,6 +3,7 @@ behavior weights, each judged as it lands; and rollouts moved aside when they tu
 
 import time
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from dagster_rl.core.experiment import step_key
 from dagster_rl.core.hashing import content_hash
@@ -18,16 +19,19 @@ from dagster_rl.tasks.lm.records import LMRollout, plan_requests
 from dagster_rl.tasks.lm.rewards import LMReward
 
 LMBackends = Backends[LMRolloutBackend, LMTrainerBackend]
+R = TypeVar("R")  # a trial's rollout record
+W = TypeVar("W")  # its reward record
 
 
 @dataclass
-class Generated:
-    """A step's rollouts and rewards, stored."""
+class Generated(Generic[R, W]):
+    """A step's rollouts and rewards, stored (single-turn completions here; the agent task's
+    trajectories, `tasks.agent.loop`)."""
 
-    rollouts: Rollouts[LMRollout]
+    rollouts: Rollouts[R]
     rollouts_ref: ArtifactRef
     rollouts_key: str  # the key of the complete set (rollouts_ref is a partial one when trials failed)
-    rewards: Rewards[LMReward]
+    rewards: Rewards[W]
     rewards_ref: ArtifactRef
     cache: dict[str, str]
     trials: int
@@ -39,7 +43,7 @@ class Generated:
 
 def generate_step(
     exp: Exp, step: int, behavior: Weights[Checkpoint], prompts: PromptSet, store: ArtifactStore, backends: LMBackends, warn: Warn
-) -> Generated:
+) -> Generated[LMRollout, LMReward]:
     t0 = time.monotonic()
     prompts_now = prompts_for_step(prompts.train, exp.seed, step, exp.prompts_per_step)
     requests = {r.trial_id: r for r in plan_requests(prompts_now, exp.seed, step, exp.n_samples)}

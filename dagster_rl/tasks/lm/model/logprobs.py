@@ -10,6 +10,11 @@ A packed batch is right-padded: row i holds its prompt, its completion, then pad
 attention mask and a completion-token mask. The model's head runs only on the positions that
 predict a completion token (a boolean `logits_to_keep`), so no logits are computed for prompt or
 padding positions: with a real vocabulary those are most of the memory of a forward.
+
+A completion may hold tokens the model did not sample (a multi-turn trajectory's observations,
+`dagster_rl.tasks.agent.records`): its `mask` (1 on sampled tokens, 0 on the others) keeps them in the
+sequence, as context, and out of the completion-token mask, so that no logits are computed for them
+and nothing is scored on them. No mask is the all-ones mask: the same tensors, bit for bit.
 """
 
 from collections.abc import Sequence
@@ -51,14 +56,27 @@ class PackedBatch:
 
 
 def pack(
-    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], temperatures: Sequence[float], pad_id: int, device
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    temperatures: Sequence[float],
+    pad_id: int,
+    device,
+    masks: Sequence[Sequence[int] | None] | None = None,
 ) -> PackedBatch:
-    if not (len(prompts) == len(completions) == len(temperatures)) or not prompts:
+    """`masks[i]` (or None: all ones): 1 on the completion tokens of row i the model sampled."""
+    masks = list(masks) if masks is not None else [None] * len(prompts)
+    if not (len(prompts) == len(completions) == len(temperatures) == len(masks)) or not prompts:
         raise ValueError(
-            f"pack needs as many prompts, completions and temperatures, at least one: {len(prompts)}, {len(completions)}, {len(temperatures)}"
+            f"pack needs as many prompts, completions, temperatures and masks, at least one: {len(prompts)}, "
+            f"{len(completions)}, {len(temperatures)}, {len(masks)}"
         )
     if any(not c for c in completions) or any(not p for p in prompts):
         raise ValueError("a sequence needs a prompt token and a completion token; drop empty rollouts before packing")
+    for c, m in zip(completions, masks, strict=True):
+        if m is not None and (len(m) != len(c) or not any(m) or any(v not in (0, 1) for v in m)):
+            raise ValueError(
+                f"a completion's mask needs one 0 or 1 per token ({len(c)} tokens, mask {list(m)[:8]}...) and a 1 somewhere"
+            )
     width = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
     longest = max(len(c) for c in completions)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -66,13 +84,18 @@ def pack(
     predicts = torch.zeros((len(prompts), width), dtype=torch.bool)
     targets = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
     completion_mask = torch.zeros((len(prompts), longest), dtype=torch.bool)
-    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+    for i, (p, c, m) in enumerate(zip(prompts, completions, masks, strict=True)):
         n = len(p) + len(c)
         ids[i, :n] = torch.tensor([*p, *c])
         mask[i, :n] = 1
-        predicts[i, len(p) - 1 : n - 1] = True
         targets[i, : len(c)] = torch.tensor(list(c))
-        completion_mask[i, : len(c)] = True
+        if m is None:
+            predicts[i, len(p) - 1 : n - 1] = True
+            completion_mask[i, : len(c)] = True
+        else:
+            sampled = torch.tensor(list(m), dtype=torch.bool)
+            predicts[i, len(p) - 1 : n - 1] = sampled
+            completion_mask[i, : len(c)] = sampled
     return PackedBatch(
         input_ids=ids.to(device),
         attention_mask=mask.to(device),

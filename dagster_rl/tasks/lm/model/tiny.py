@@ -13,7 +13,9 @@ Digits are always single tokens, and decoding gives back the text exactly ("12" 
 
 Built-in models, by name (`builtin:<name>`; what a name builds never changes, since machines cache
 the folder by name): `tiny-qwen2` (the 68-token vocabulary above, hidden 64, 2 layers, no chat
-template), `tiny-qwen2-gsm8k` for the GSM8K-format word problems of `tasks.lm.data.word_problems`: every
+template), `tiny-qwen2-agent` for the text environments of `dagster_rl.tasks.agent` (`tasks.agent.tiny`: every
+byte, each word of the `secret_search` text world one token, ChatML; hidden 128 with 4 heads, 2 layers),
+`tiny-qwen2-gsm8k` for the GSM8K-format word problems of `tasks.lm.data.word_problems`: every
 byte plus each word of their vocabulary as one token, ChatML special tokens and a chat template
 (`<|im_start|>user ... <|im_end|>`, eos `<|im_end|>`), hidden 64, 2 layers; and `tiny-qwen2-vllm`,
 a model a real vLLM serves on the CPU: `tiny-qwen2`'s tokenizer, hidden 128 with 4 heads (head size
@@ -22,6 +24,7 @@ folder carries in its `generation_config.json`: Qwen2.5-Instruct's (`QWEN25_INST
 with two eos ids), which a server must not apply to rollouts the trainer scores.
 """
 
+import importlib
 import json
 import shutil
 import tempfile
@@ -128,10 +131,17 @@ class Builtin:
     generation: dict | None = None
 
 
+def _agent_tokenizer() -> Qwen2Tokenizer:
+    """`dagster_rl.tasks.agent.tiny`'s, imported by name when built (as `task.BUILTIN_TASKS` names a task's
+    module): the agent's package imports this one, not the other way."""
+    return importlib.import_module("dagster_rl.tasks.agent.tiny").agent_tokenizer()
+
+
 BUILTINS = {
     "tiny-qwen2": Builtin(tiny_tokenizer),
     "tiny-qwen2-gsm8k": Builtin(gsm8k_tokenizer),
     "tiny-qwen2-vllm": Builtin(tiny_tokenizer, hidden=128, generation=QWEN25_INSTRUCT_SAMPLING),
+    "tiny-qwen2-agent": Builtin(_agent_tokenizer, hidden=128),
 }
 
 

@@ -42,6 +42,7 @@ from safetensors.torch import save_file
 from dagster_rl.core.records import Record
 from dagster_rl.core.strict import Strict
 from dagster_rl.runtime.lifetime import alive
+from dagster_rl.tasks.agent.records import AgentReward, AgentTrajectory
 from dagster_rl.tasks.lm.model.policy import (
     CheckpointError,
     Policy,
@@ -80,10 +81,11 @@ GRADS = "grads.safetensors"
 
 
 class TrainBatch(Record):
-    """What a step trains on: its rollouts and their rewards (matched by trial id)."""
+    """What a step trains on: its rollouts and their rewards (matched by trial id); single-turn
+    completions, or multi-turn trajectories with their masks (`dagster_rl.tasks.agent.records`)."""
 
-    rollouts: list[LMRollout]
-    rewards: list[LMReward]
+    rollouts: list[LMRollout | AgentTrajectory]
+    rewards: list[LMReward | AgentReward]
 
 
 class TrainJob(Strict):

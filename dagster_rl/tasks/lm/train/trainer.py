@@ -15,7 +15,7 @@ all-reduce. The collective count is the same on every rank by construction.
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 import torch.distributed as dist
@@ -26,12 +26,28 @@ from dagster_rl.core.hashing import seed_of
 from dagster_rl.core.records import Record
 from dagster_rl.tasks.lm.model.logprobs import PackedBatch, pack, packed_logprobs
 from dagster_rl.tasks.lm.model.policy import Policy
-from dagster_rl.tasks.lm.records import LMRollout
-from dagster_rl.tasks.lm.rewards import LMReward
 from dagster_rl.tasks.lm.settings import GRPOLMSettings
 from dagster_rl.tasks.lm.train.grpo_loss import grpo_batch_loss
 
 OldLogp = Literal["sampler", "trainer"]  # the ratio's old policy (see `train_step`)
+
+
+class Sampled(Protocol):
+    """What the update reads of a rollout: a single-turn completion (`tasks.lm.records.LMRollout`) or a
+    multi-turn trajectory (`tasks.agent.records.AgentTrajectory`, which adds its `completion_mask`)."""
+
+    trial_id: str
+    step: int
+    prompt: int  # the GRPO group within the step
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    sampling_logprobs: list[float]  # one per sampled completion token
+    temperature: float
+
+
+class Rewarded(Protocol):
+    trial_id: str
+    reward: float
 
 
 @dataclass(frozen=True)
@@ -39,9 +55,14 @@ class TrainSample:
     trial_id: str
     prompt_ids: list[int]
     completion_ids: list[int]
-    old_logp: list[float]
+    old_logp: list[float]  # one per sampled completion token (mask 1), in order
     temperature: float
     advantage: float
+    mask: list[int] | None = None  # 1 on the completion tokens the model sampled; None: all of them
+
+    @property
+    def sampled(self) -> int:
+        return len(self.completion_ids) if self.mask is None else sum(self.mask)
 
 
 class TrainMetrics(Record):
@@ -64,12 +85,14 @@ class TrainMetrics(Record):
 
 
 def build_samples(
-    rollouts: Sequence[LMRollout], rewards: Sequence[LMReward], advantage_eps: float
+    rollouts: Sequence[Sampled], rewards: Sequence[Rewarded], advantage_eps: float
 ) -> tuple[list[TrainSample], dict[str, float]]:
     """Samples sorted by trial id, advantages normalized within each (step, prompt) group.
 
     Rollouts without a reward (skipped trials) are left out; a group whose rewards are all equal
-    gets advantage 0 and still counts in the KL term. Returns the samples and batch facts.
+    gets advantage 0 and still counts in the KL term. A rollout with a `completion_mask` (a
+    multi-turn trajectory, `dagster_rl.tasks.agent.records`) is trained on its sampled tokens only.
+    Returns the samples and batch facts.
     """
     by_trial = {r.trial_id: r for r in rewards}
     used = sorted((r for r in rollouts if r.trial_id in by_trial and r.completion_token_ids), key=lambda r: r.trial_id)
@@ -82,7 +105,15 @@ def build_samples(
     values = [by_trial[r.trial_id].reward for r in used]
     adv = group_normalized_advantages(groups, values, advantage_eps)
     samples = [
-        TrainSample(r.trial_id, r.prompt_token_ids, r.completion_token_ids, r.sampling_logprobs, r.temperature, a)
+        TrainSample(
+            r.trial_id,
+            r.prompt_token_ids,
+            r.completion_token_ids,
+            r.sampling_logprobs,
+            r.temperature,
+            a,
+            getattr(r, "completion_mask", None),
+        )
         for r, a in zip(used, adv, strict=True)
     ]
     facts = {
@@ -114,13 +145,23 @@ def micro_batches(samples: Sequence[TrainSample], budget: int) -> list[list[int]
 
 
 def _pack(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -> tuple[PackedBatch, torch.Tensor, torch.Tensor]:
-    """The micro-batch, its behavior log-probs (B, C) padded with 0, and its advantages (B,)."""
+    """The micro-batch, its behavior log-probs (B, C) (0 where no token was sampled), and its advantages (B,)."""
     batch = pack(
-        [s.prompt_ids for s in samples], [s.completion_ids for s in samples], [s.temperature for s in samples], pad_id, device
+        [s.prompt_ids for s in samples],
+        [s.completion_ids for s in samples],
+        [s.temperature for s in samples],
+        pad_id,
+        device,
+        masks=[s.mask for s in samples],
     )
     old = torch.zeros(batch.completion_mask.shape, dtype=torch.float32)
     for row, s in enumerate(samples):
-        old[row, : len(s.old_logp)] = torch.tensor(s.old_logp, dtype=torch.float32)
+        if s.mask is None:
+            old[row, : len(s.old_logp)] = torch.tensor(s.old_logp, dtype=torch.float32)
+        else:
+            old[row, : len(s.mask)] = torch.zeros(len(s.mask)).masked_scatter(
+                torch.tensor(s.mask, dtype=torch.bool), torch.tensor(s.old_logp, dtype=torch.float32)
+            )
     return batch, old.to(device), torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device)
 
 
@@ -151,8 +192,8 @@ def train_step(
     world_size = dist.get_world_size() if ddp is not None else 1
     if total_samples < 1:
         raise DagsterRLError("a train step needs at least one sample across all ranks")
-    if any(len(s.old_logp) != len(s.completion_ids) for s in samples):
-        raise DagsterRLError("a sample's behavior log-probs do not cover its completion tokens; the rollout record is corrupt")
+    if any(len(s.old_logp) != s.sampled for s in samples):
+        raise DagsterRLError("a sample's behavior log-probs do not cover its sampled tokens; the rollout record is corrupt")
     model = policy.model
     forward_model = ddp if ddp is not None else model
     scale = world_size / total_samples

@@ -1,0 +1,19 @@
+"""The language-model agent task: a LoRA policy acts in a text environment over several turns, trained
+by GRPO over whole trajectories. Nothing here imports Dagster.
+
+One idea per module:
+    task         the Task record this package registers (`text_agent`)
+    experiment   its settings: the environment, the episode's budgets, the held-out worlds
+    environment  the text-environment protocol, and environments registered by name
+    text_world   `secret_search` as a text environment (clue, titles, `open`, `next`, `answer`)
+    tiny         the tokenizer of `builtin:tiny-qwen2-agent`
+    chat         the chat template's turn markers as token ids
+    records      episodes planned; one trajectory per trial (ids, mask, log-probs, turns); rewards
+    episode      one trial's turn loop: its environment, its sandbox, its token sequence
+    rollout_hf   episodes on `transformers`, the live trials of a step batched by turn
+    backends     the rollout backend `hf` (the trainers are the language-model task's)
+    judge        verifier + rubric: success, and fewer turns
+    warmup       SFT on the environment's demonstrations, loss on the actions only
+    evaluation   greedy episodes on held-out worlds: success, mean turns
+    loop         the step (the language-model loop over episodes)
+"""

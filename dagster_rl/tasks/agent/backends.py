@@ -1,0 +1,67 @@
+"""The agent's rollout backend `hf`: a step's episodes played in the driver's process, batched by turn.
+
+The trainer backends are the language-model task's (`dagster_rl.tasks.lm.backends.LMTrainer`, in
+process, under torchrun or on pods): they read a trajectory's mask as they read a completion.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dagster_rl.core import counters
+from dagster_rl.core.faults import InjectedFault, maybe_fail
+from dagster_rl.core.records import TrialFailed
+from dagster_rl.core.retries import Limits
+from dagster_rl.core.task import Weights
+from dagster_rl.tasks.agent.experiment import AgentExperiment
+from dagster_rl.tasks.agent.records import AgentTrajectory, EpisodeRequest
+from dagster_rl.tasks.agent.rollout_hf import Outcome, run_episodes
+from dagster_rl.tasks.lm.backends import PolicyCache
+
+
+@dataclass
+class AgentHFRollouts:
+    """Episodes of a step's requests with the behavior adapter, each trial in a sandbox under
+    `sandbox_root`. A failed trial (its environment raised, or it outlived its timeout) is played
+    again, from its first turn, up to `limits.max_retries` times."""
+
+    sandbox_root: Path
+    limits: Limits = Limits()
+    policies: PolicyCache = field(default_factory=PolicyCache)
+
+    def generate(
+        self,
+        exp: AgentExperiment,
+        requests: Sequence[EpisodeRequest],
+        behavior: Weights[dict[str, bytes]],
+        on_done: Callable[[AgentTrajectory], None] | None = None,
+    ) -> list[Outcome]:
+        """One outcome per request, in their order: its trajectory, or how it failed after its retries.
+        `on_done(trajectory)` as each trajectory ends."""
+        with self.policies.use(exp, behavior.payload) as policy:
+            done: dict[str, Outcome] = {}
+            pending = list(requests)
+            for attempt in range(self.limits.max_retries + 1):
+                if not pending:
+                    break
+                counters.bump("trials_executed", len(pending))
+                healthy = []
+                for r in pending:
+                    try:
+                        maybe_fail(exp.faults.flaky_trial_rate, attempt, exp.seed, "trial", r.trial_id)
+                        healthy.append(r)
+                    except InjectedFault as e:
+                        done[r.trial_id] = TrialFailed(trial_id=r.trial_id, error=repr(e))
+                outcomes = run_episodes(
+                    policy,
+                    healthy,
+                    exp.task.environment,
+                    exp.turn_sampling,
+                    exp.task.episode.max_turns,
+                    exp.task.episode.trial_timeout_s,
+                    self.sandbox_root,
+                    on_done,
+                )
+                done.update((o.trial_id, o) for o in outcomes)
+                pending = [r for r in pending if isinstance(done[r.trial_id], TrialFailed)]
+            return [done[r.trial_id] for r in requests]

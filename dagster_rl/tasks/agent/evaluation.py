@@ -1,0 +1,56 @@
+"""Held-out evaluation of an agent: greedy episodes on worlds no step trains on.
+
+`success`: the fraction of episodes the environment judged successful (for `secret_search`: the
+right digest answered within the turn budget); `mean_turns`: the actions an episode took, on
+average over all of them (a failed episode counts the turns it used); `mean_reward`: the rubric's.
+An episode whose environment failed counts as a failure with the whole turn budget.
+"""
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from dagster_rl.core.records import Record
+from dagster_rl.tasks.agent.environment import World
+from dagster_rl.tasks.agent.experiment import AgentExperiment
+from dagster_rl.tasks.agent.judge import judge
+from dagster_rl.tasks.agent.records import AgentTrajectory, EpisodeRequest
+from dagster_rl.tasks.agent.rollout_hf import run_episodes
+from dagster_rl.tasks.lm.model.policy import Policy
+
+
+class AgentEvaluation(Record):
+    weights_hash: str  # content hash of the evaluated weights; "" for a policy that is not stored
+    n: int
+    success: float
+    mean_turns: float
+    mean_reward: float
+    end_reasons: dict[str, int]
+    failed: int  # episodes whose environment failed
+
+
+def evaluate(
+    policy: Policy, exp: AgentExperiment, worlds: Sequence[World], sandbox_root: Path, weights_hash: str = ""
+) -> AgentEvaluation:
+    """Greedy episodes of the policy on `worlds` (the held-out ones: `exp.heldout_worlds()`)."""
+    greedy = exp.turn_sampling.model_copy(update={"temperature": 0.0})
+    requests = [
+        EpisodeRequest(trial_id=w.id, step=-1, prompt=i, sample=0, world_id=w.id, world_seed=w.seed, seed=0)
+        for i, w in enumerate(worlds)
+    ]
+    max_turns = exp.task.episode.max_turns
+    outcomes = run_episodes(
+        policy, requests, exp.task.environment, greedy, max_turns, exp.task.episode.trial_timeout_s, sandbox_root
+    )
+    played = [o for o in outcomes if isinstance(o, AgentTrajectory)]
+    rewards = [judge(t, exp.rubric, max_turns) for t in played]
+    n, failed = len(outcomes), len(outcomes) - len(played)
+    return AgentEvaluation(
+        weights_hash=weights_hash,
+        n=n,
+        success=sum(r.correct for r in rewards) / n,
+        mean_turns=(sum(r.turns for r in rewards) + failed * max_turns) / n,
+        mean_reward=sum(r.reward for r in rewards) / n,
+        end_reasons=dict(sorted(Counter(t.end_reason for t in played).items())),
+        failed=failed,
+    )

@@ -1,0 +1,133 @@
+"""The language-model agent's experiment: a LoRA policy acting in a text environment over several turns.
+
+It is a language-model experiment (`dagster_rl.tasks.lm.experiment.LMExperiment`: the policy, the GRPO
+update, the trainer, the checks) whose prompts are episodes: `task.environment` names the
+environment and holds its settings, `task.episode` the budgets of an episode, and the rubric scores
+success and efficiency. A step plays `prompts_per_step` fresh training worlds (`t<step>.<p>`),
+`n_samples` trials each (a world's trials are a GRPO group); the held-out evaluation plays
+`task.n_eval` other worlds (`e<i>`) greedily.
+"""
+
+from typing import Any, Literal
+
+from pydantic import Field, SerializeAsAny, field_validator, model_validator
+
+from dagster_rl.core import bounds
+from dagster_rl.core.hashing import seed_of
+from dagster_rl.core.strict import Strict
+from dagster_rl.tasks.agent.environment import EnvironmentSettings, World, environment_of
+from dagster_rl.tasks.agent.judge import AgentRubric
+from dagster_rl.tasks.agent.text_world import SecretSearchTextSettings
+from dagster_rl.tasks.agent.warmup import AgentWarmupSettings
+from dagster_rl.tasks.lm.experiment import LMExperiment
+from dagster_rl.tasks.lm.settings import SamplingSettings
+
+
+class EpisodeSettings(Strict):
+    """The budgets of one episode."""
+
+    max_turns: int = Field(
+        4, ge=1, le=bounds.MAX_TURNS, description="actions an episode may take; past them it ends as turn_budget"
+    )
+    max_turn_tokens: int = Field(
+        16,
+        ge=1,
+        le=bounds.MAX_NEW_TOKENS,
+        description="tokens one action may sample; an action it cuts goes to the environment as sampled",
+    )
+    trial_timeout_s: float = Field(
+        600.0,
+        gt=0.0,
+        le=bounds.MAX_DEADLINE_S,
+        description="a trial running longer (its turns' generation and its environment's answers) fails: retried, never cached",
+    )
+
+
+class TextAgentTask(Strict):
+    kind: Literal["text_agent"] = Field("text_agent", description="the task kind: selects the experiment class")
+    environment: SerializeAsAny[SecretSearchTextSettings | EnvironmentSettings] = Field(
+        description="the text environment: `name` (secret_search, or a registered plugin's) and its settings, which "
+        "that environment's settings class validates"
+    )
+    episode: EpisodeSettings = Field(EpisodeSettings(), description="turn budget, per-turn token budget, per-trial timeout")
+    n_eval: int = Field(64, ge=1, le=bounds.MAX_HELDOUT_PROMPTS, description="held-out worlds of the greedy evaluation")
+
+    @field_validator("environment", mode="before")
+    @classmethod
+    def _the_environment_settings(cls, value: Any) -> Any:
+        """Validated by the named environment's own settings class."""
+        if isinstance(value, dict):
+            name = value.get("name")
+            if not isinstance(name, str):
+                raise ValueError("task.environment needs a `name`: the registered text environment, e.g. secret_search")
+            return environment_of(name).settings.model_validate(value)
+        return value
+
+
+class AgentSampling(Strict):
+    temperature: float = Field(1.0, ge=0.0, le=bounds.MAX_TEMPERATURE, description="0: greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling; 1: the whole vocabulary")
+
+
+class AgentRolloutSettings(Strict):
+    """How a step's episodes are played: `hf`, in the driver's process, the live trials of a step
+    advancing one turn together."""
+
+    backend: Literal["hf"] = Field("hf", description="hf: batched by turn in the driver's process")
+
+    def cache_inputs(self) -> dict[str, str]:
+        return {}
+
+
+class AgentExperiment(LMExperiment):
+    """A language-model experiment whose task, sampling, rubric, rollout and warm-up sections are the
+    agent's own (the `type: ignore[assignment]`s: pydantic validates each field by this class's type; the
+    update, trainer, checks and policy sections, which the inherited loop and trainers read, are shared)."""
+
+    task: TextAgentTask = Field(description="the environment, the episode's budgets and the held-out worlds")  # type: ignore[assignment]
+    sampling: AgentSampling = Field(  # type: ignore[assignment]
+        AgentSampling(), description="how actions are sampled (task.episode.max_turn_tokens bounds each)"
+    )
+    rubric: AgentRubric = Field(AgentRubric(), description="the reward: success, and fewer turns")  # type: ignore[assignment]
+    rollout: AgentRolloutSettings = Field(AgentRolloutSettings(), description="where episodes are played")  # type: ignore[assignment]
+    warmup: AgentWarmupSettings | None = Field(  # type: ignore[assignment]
+        None, description="supervised warm-up on the environment's demonstrations (`<exp>/sft`)"
+    )
+
+    @model_validator(mode="after")
+    def _tokens_fit_the_driver(self) -> "AgentExperiment":
+        """Sizes multiply: the tokens a step samples, and an evaluation's, live whole in the driver."""
+        per_trial = self.task.episode.max_turns * self.task.episode.max_turn_tokens
+        for what, trials in (("a step", self.n_trials_planned), ("an evaluation", self.task.n_eval)):
+            if trials * per_trial > bounds.MAX_TOKENS_PER_STEP:
+                raise ValueError(
+                    f"{what} plays {trials} trials of up to max_turns x max_turn_tokens = {per_trial} sampled tokens: "
+                    f"{trials * per_trial} tokens, more than {bounds.MAX_TOKENS_PER_STEP} (see dagster_rl.core.bounds): fewer "
+                    "trials, turns or tokens"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _demonstrations_exist(self) -> "AgentExperiment":
+        spec = environment_of(self.task.environment.name)
+        if self.warmup is not None and spec.demonstrate is None:
+            raise ValueError(
+                f"environment {spec.name} gives no demonstrations: a warmup section has nothing to imitate; remove it"
+            )
+        return self
+
+    @property
+    def turn_sampling(self) -> SamplingSettings:
+        """One action's sampling: the per-turn token budget as its max_new_tokens."""
+        return SamplingSettings(
+            temperature=self.sampling.temperature, top_p=self.sampling.top_p, max_new_tokens=self.task.episode.max_turn_tokens
+        )
+
+    def world(self, world_id: str) -> World:
+        return World(world_id, seed_of(self.seed, "world", world_id))
+
+    def training_world(self, step: int, prompt: int) -> World:
+        return self.world(f"t{step}.{prompt}")
+
+    def heldout_worlds(self) -> list[World]:
+        return [self.world(f"e{i}") for i in range(self.task.n_eval)]

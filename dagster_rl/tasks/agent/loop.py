@@ -1,0 +1,293 @@
+"""The agent's loop: the language-model loop (`dagster_rl.tasks.lm.loop.LMLoop`: weights, pipelining, the
+GRPO update, the `on_policy` check, evaluation off the critical path) over episodes instead of
+completions.
+
+A step plays `prompts_per_step` fresh training worlds, `n_samples` trials each (trial
+`s{step}-p{p}-n{n}` plays world `t{step}.{p}`, seeded by (experiment seed, step, p, n)); each
+trajectory goes to the judge the moment its episode ends, while the others still play. The
+rollouts and rewards are trial sets (`dagster_rl.core.steps.trial_set`): a failed trial is never cached.
+The warm-up (`<exp>/sft`) fits the adapter to the environment's demonstrations; every step's
+held-out evaluation plays `task.n_eval` other worlds greedily and reports success and mean turns
+beside the warm-up's (`start_*`) and the base model's (`base_*`).
+"""
+
+import tempfile
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from dagster_rl.core import counters
+from dagster_rl.core.experiment import step_key
+from dagster_rl.core.hashing import cache_key, canonical_json, seed_of
+from dagster_rl.core.progress import Progress
+from dagster_rl.core.records import Rewards, Rollouts, TrialFailed
+from dagster_rl.core.steps import Judged, collect_judgements, mean, recovered, rewards_key, rollouts_key, step_rewards, trial_set
+from dagster_rl.core.task import Backends, StepAsset, WarmupResult, Warn, Weights
+from dagster_rl.store.artifact_store import ArtifactRef, ArtifactStore
+from dagster_rl.tasks.agent.environment import World, environment_of
+from dagster_rl.tasks.agent.evaluation import AgentEvaluation, evaluate
+from dagster_rl.tasks.agent.experiment import AgentExperiment as Exp
+from dagster_rl.tasks.agent.records import AgentReward, AgentTrajectory, EpisodeRequest
+from dagster_rl.tasks.agent.warmup import AgentWarmupStats, warm_up
+from dagster_rl.tasks.lm.backend_protocols import Checkpoint
+from dagster_rl.tasks.lm.loop import LMLoop
+from dagster_rl.tasks.lm.model.policy import load_policy
+from dagster_rl.tasks.lm.step_generation import Generated
+from dagster_rl.tasks.lm.train.warmup import WARMUP
+from dagster_rl.tasks.lm.weights import base_weights, stored_weights, torch_threads
+
+CODE_VERSIONS = {
+    "warmup": "agent-sft-1",
+    "rollouts": "agent-hf-rollouts-1",
+    "rewards": "agent-rubric-1",
+    "evaluation": "agent-greedy-eval-1",
+}
+
+
+def sandbox_root() -> Path:
+    """Where the warm-up's and the evaluation's episodes make their sandboxes (the rollout
+    environment's scratch folder holds the steps')."""
+    return Path(tempfile.gettempdir()) / "dagster_rl_sandboxes"
+
+
+def plan_episodes(exp: Exp, step: int) -> list[EpisodeRequest]:
+    requests = []
+    for p in range(exp.prompts_per_step):
+        world = exp.training_world(step, p)
+        for n in range(exp.n_samples):
+            seed = seed_of(exp.seed, step, p, n)
+            requests.append(
+                EpisodeRequest(
+                    trial_id=f"s{step}-p{p}-n{n}",
+                    step=step,
+                    prompt=p,
+                    sample=n,
+                    world_id=world.id,
+                    world_seed=world.seed,
+                    seed=seed,
+                )
+            )
+    return requests
+
+
+class AgentLoop(LMLoop):
+    def prompt_set(self, exp: Exp) -> list[World]:  # type: ignore[override]
+        """The held-out worlds (a step's training worlds are its own: `plan_episodes`)."""
+        return exp.heldout_worlds()
+
+    def initial_weights(self, exp: Exp, store: ArtifactStore) -> Weights[Checkpoint]:  # type: ignore[override]
+        """Step 0's weights: the warm-up's adapter when the experiment has one, else the base's."""
+        if exp.warmup is None:
+            return base_weights(exp, store)
+        files, ref, _ = self._warmup(exp, store)
+        return stored_weights("sft", ref, files)
+
+    # ---- the warm-up --------------------------------------------------------------------------
+    @staticmethod
+    def demo_turns(exp: Exp) -> int:
+        """The demonstrations' turn budget: the warm-up's own, else the episodes'."""
+        return (exp.warmup.max_turns if exp.warmup is not None else None) or exp.task.episode.max_turns
+
+    def _warmup(self, exp: Exp, store: ArtifactStore) -> tuple[dict[str, bytes], ArtifactRef, bool]:
+        settings = exp.warmup
+        if settings is None:
+            raise ValueError(f"experiment {exp.name} has no warmup section")
+        env = exp.task.environment
+        key = cache_key(
+            "weights",
+            CODE_VERSIONS["warmup"],
+            policy=exp.policy,
+            warmup=exp.warmup,
+            environment=env,
+            environment_code=environment_of(env.name).code_version,
+            max_turns=self.demo_turns(exp),
+            seed=exp.seed,
+        )
+
+        def compute() -> dict[str, bytes]:
+            counters.bump("warmups")
+            with torch_threads(exp.trainer.threads_per_process):  # a training job, sized like the trainer's
+                files, stats = warm_up(load_policy(exp.policy), env, settings, exp.seed, self.demo_turns(exp), sandbox_root())
+            return {**files, WARMUP: canonical_json(stats)}
+
+        return store.get_or_put_files("weights", key, compute)
+
+    def warmup(self, exp: Exp, store: ArtifactStore) -> WarmupResult:  # type: ignore[override]
+        """The `<exp>/sft` asset: the warm-up and its held-out greedy success and turns beside the base's."""
+        t0 = time.monotonic()
+        files, ref, hit = self._warmup(exp, store)
+        stats = AgentWarmupStats.model_validate_json(files[WARMUP])
+        worlds = self.prompt_set(exp)
+        sft, _, _ = self._evaluation(exp, stored_weights("sft", ref, files), worlds, store)
+        base, _, _ = self._evaluation(exp, base_weights(exp, store), worlds, store)
+        return WarmupResult(
+            cache="hit" if hit else "miss",
+            ref=ref,
+            metadata={
+                "success": sft.success,
+                "mean_turns": sft.mean_turns,
+                "mean_reward": sft.mean_reward,
+                "base_success": base.success,
+                "base_mean_turns": base.mean_turns,
+                "n_worlds": sft.n,
+                "demos": stats.demos,
+                "demo_turns": stats.demo_turns,
+                "sft_steps": len(stats.losses),
+                "first_loss": stats.losses[0],
+                "final_loss": stats.losses[-1],
+                "action_tokens": stats.tokens,
+                "warmup_s": time.monotonic() - t0,
+            },
+        )
+
+    # ---- a step's episodes ----------------------------------------------------------------------
+    def generate(  # type: ignore[override]
+        self,
+        exp: Exp,
+        step: int,
+        behavior: Weights[Checkpoint],
+        prompts: list[World],
+        store: ArtifactStore,
+        backends: Backends,
+        warn: Warn,
+    ) -> Generated[AgentTrajectory, AgentReward]:
+        t0 = time.monotonic()
+        requests = {r.trial_id: r for r in plan_episodes(exp, step)}
+        progress, judge = backends.progress, backends.judge
+        progress.begin(step, len(requests))
+        judged = Judged()  # judged as each episode ends, while the others still play
+
+        def run(pending: list[str]) -> list[AgentTrajectory | TrialFailed]:
+            progress.generated(step, len(requests) - len(pending))
+            judging: dict[Future, str] = {}
+            landed: dict[str, AgentTrajectory] = {}
+            with ThreadPoolExecutor(judge.limits.max_concurrency, "judge") as pool:
+
+                def on_done(trajectory: AgentTrajectory) -> None:
+                    landed[trajectory.trial_id] = trajectory
+                    progress.generated(step)
+                    judging[pool.submit(judge.judge, exp, trajectory)] = trajectory.trial_id
+
+                outcomes = backends.rollout.generate(exp, [requests[t] for t in pending], behavior, on_done)
+                progress.phase(step, "judging")
+                for outcome in collect_judgements(judging, lambda n: progress.judged(step, n)):
+                    judged.add(landed[outcome.trial_id], outcome)
+            return outcomes
+
+        def make(trajectories: list[AgentTrajectory], failed: list[str]) -> Rollouts[AgentTrajectory]:
+            return Rollouts[AgentTrajectory](
+                step=step,
+                behavior_policy=behavior.lineage(),
+                n_trials_planned=len(requests),
+                trajectories=trajectories,
+                skipped=failed,
+            )
+
+        key = self._rollouts_key(exp, step, behavior)
+        rollouts = trial_set(store, "rollouts", key, Rollouts[AgentTrajectory], list(requests), run, make, warn)
+        if rollouts.hit:
+            progress.generated(step, len(requests))
+        key = rewards_key(CODE_VERSIONS["rewards"], judge, rollouts.ref, rubric=exp.rubric, max_turns=exp.task.episode.max_turns)
+        rewards = step_rewards(
+            store, exp, key, rollouts, judged, judge, warn, Rewards[AgentReward], lambda n: progress.judged(step, n)
+        )
+        progress.phase(step, "training")
+        return Generated(
+            rollouts.value,
+            rollouts.ref,
+            self._rollouts_key(exp, step, behavior),
+            rewards.value,
+            rewards.ref,
+            cache={"rollouts": rollouts.cache, "rewards": rewards.cache},
+            trials=len(rollouts.attempted),
+            judge_calls=len(rewards.attempted),
+            seconds=time.monotonic() - t0,
+            recovered=recovered(rollouts, rewards),
+        )
+
+    def _rollouts_key(self, exp: Exp, step: int, behavior: Weights[Checkpoint]) -> str:
+        return rollouts_key(
+            CODE_VERSIONS["rollouts"],
+            exp,
+            step,
+            behavior.ref,
+            policy=exp.policy,
+            sampling=exp.sampling,
+            environment_code=environment_of(exp.task.environment.name).code_version,
+            **exp.rollout.cache_inputs(),
+        )
+
+    def _train(self, exp, step, previous, gen, store, backends, reference):
+        """The language-model update over the trajectories, with the episodes' turns in the step's metrics."""
+        result, weights = super()._train(exp, step, previous, gen, store, backends, reference)
+        used = {r.trial_id: r for r in gen.rewards.rewards}
+        sampled = [float(sum(t.completion_mask)) for t in gen.rollouts.trajectories if t.trial_id in used]
+        metrics = {
+            **result.metrics,
+            "mean_turns": mean([float(r.turns) for r in used.values()]),
+            "mean_sampled_tokens": mean(sampled),
+        }
+        return result.model_copy(update={"metrics": metrics}), weights
+
+    # ---- held-out evaluation ------------------------------------------------------------------
+    def evaluate(  # type: ignore[override]
+        self,
+        exp: Exp,
+        step: int,
+        weights: Weights[Checkpoint],
+        base: Weights[Checkpoint],
+        initial: Weights[Checkpoint],
+        prompts: list[World],
+        store: ArtifactStore,
+        progress: Progress,
+    ) -> StepAsset:
+        """The step's held-out greedy success and mean turns, beside those of the weights step 0
+        started from (the warm-up's, when there is one; else the base's) and the base's."""
+        t0 = time.monotonic()
+        with progress.doing(f"step {step_key(step)}: held-out evaluation on {len(prompts)} worlds"):
+            scored, ref, hit = self._evaluation(exp, weights, prompts, store)
+            start, _, _ = self._evaluation(exp, initial, prompts, store)
+            base_scored, _, _ = self._evaluation(exp, base, prompts, store)
+        return StepAsset(
+            asset="evaluation",
+            step=step,
+            cache="hit" if hit else "miss",
+            ref=ref,
+            metadata={
+                "success": scored.success,
+                "mean_turns": scored.mean_turns,
+                "mean_reward": scored.mean_reward,
+                "start_success": start.success,
+                "start_mean_turns": start.mean_turns,
+                "base_success": base_scored.success,
+                "n_worlds": scored.n,
+                "failed_episodes": scored.failed,
+                "weights_version": weights.version,
+                "eval_s": time.monotonic() - t0,
+            },
+        )
+
+    def _evaluation(
+        self, exp: Exp, weights: Weights[Checkpoint], prompts: list[World], store: ArtifactStore
+    ) -> tuple[AgentEvaluation, ArtifactRef, bool]:
+        env = exp.task.environment
+        key = cache_key(
+            "evaluation",
+            CODE_VERSIONS["evaluation"],
+            weights=weights.ref.content_hash,
+            policy=exp.policy,
+            environment=env,
+            environment_code=environment_of(env.name).code_version,
+            worlds=[(w.id, w.seed) for w in prompts],
+            max_turns=exp.task.episode.max_turns,
+            max_turn_tokens=exp.task.episode.max_turn_tokens,
+            rubric=exp.rubric,
+        )
+
+        def compute() -> AgentEvaluation:
+            counters.bump("evaluations")
+            return evaluate(
+                load_policy(exp.policy, weights.payload), exp, prompts, sandbox_root(), weights_hash=weights.ref.content_hash
+            )
+
+        return store.get_or_put("evaluations", key, AgentEvaluation, compute)

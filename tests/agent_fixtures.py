@@ -1,0 +1,72 @@
+"""Shared helpers of the agent tests: a policy of the built-in agent model, episode requests, and
+`chatter`, a text environment that answers every action and never ends an episode itself."""
+
+from typing import Literal
+
+import torch
+
+from dagster_rl.core.hashing import seed_of
+from dagster_rl.tasks.agent.environment import EnvironmentSettings, EnvironmentSpec, Outcome, register_environment
+from dagster_rl.tasks.agent.records import EpisodeRequest
+from dagster_rl.tasks.lm.model.policy import Policy, load_policy
+from dagster_rl.tasks.lm.settings import LoRASettings, PolicySettings
+
+AGENT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head", "embed_tokens")
+
+
+class ChatterSettings(EnvironmentSettings):
+    name: Literal["chatter"] = "chatter"
+
+
+class Chatter:
+    """Answers every action with a line of its own: only the turn budget ends an episode."""
+
+    def __init__(self, settings, world, seed, sandbox):
+        self.turns = 0
+
+    def reset(self) -> str:
+        return "say something"
+
+    def step(self, action: str) -> Outcome:
+        self.turns += 1
+        return Outcome(f"heard {len(action)} letters, turn {self.turns}", tool="say", argument=action)
+
+    def verdict(self):
+        return {"success": False}
+
+    def close(self) -> None:
+        pass
+
+
+CHATTER = register_environment(EnvironmentSpec(name="chatter", settings=ChatterSettings, make=Chatter, code_version="chatter-1"))
+
+
+def request(i: int, seed: int = 0) -> EpisodeRequest:
+    """Trial s0-p{i}-n0 on world t0.{i}."""
+    world = f"t0.{i}"
+    return EpisodeRequest(
+        trial_id=f"s0-p{i}-n0",
+        step=0,
+        prompt=i,
+        sample=0,
+        world_id=world,
+        world_seed=seed_of(seed, "world", world),
+        seed=seed_of(seed, 0, i, 0),
+    )
+
+
+def agent_settings(targets: tuple[str, ...] = AGENT_TARGETS) -> PolicySettings:
+    return PolicySettings(
+        base_model="builtin:tiny-qwen2-agent", lora=LoRASettings(rank=4, alpha=8, target_modules=targets, init_seed=3)
+    )
+
+
+def busy_policy(targets: tuple[str, ...] = AGENT_TARGETS) -> Policy:
+    """The built-in agent model with an adapter whose B is drawn, not 0: a policy that is not the base."""
+    policy = load_policy(agent_settings(targets))
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(11)
+        for name, p in policy.trainable():
+            if "lora_B" in name or "lora_embedding_B" in name:
+                p.normal_(0.0, 0.05)
+    return policy
