@@ -13,6 +13,7 @@ One idea per module:
     rollout_hf   episodes on `transformers`, the live trials of a step batched by turn
     backends     the rollout backend `hf` (the trainers are the language-model task's)
     judge        verifier + rubric: success, and fewer turns
+    grading      the LLM judge's prompt (the episode as text) and its reward
     warmup       SFT on the environment's demonstrations, loss on the actions only
     evaluation   greedy episodes on held-out worlds: success, mean turns
     loop         the step (the language-model loop over episodes)

@@ -83,11 +83,6 @@ class AgentLoop(LMLoop):
         return stored_weights("sft", ref, files)
 
     # ---- the warm-up --------------------------------------------------------------------------
-    @staticmethod
-    def demo_turns(exp: Exp) -> int:
-        """The demonstrations' turn budget: the warm-up's own, else the episodes'."""
-        return (exp.warmup.max_turns if exp.warmup is not None else None) or exp.task.episode.max_turns
-
     def _warmup(self, exp: Exp, store: ArtifactStore) -> tuple[dict[str, bytes], ArtifactRef, bool]:
         settings = exp.warmup
         if settings is None:
@@ -100,14 +95,14 @@ class AgentLoop(LMLoop):
             warmup=exp.warmup,
             environment=env,
             environment_code=environment_of(env.name).code_version,
-            max_turns=self.demo_turns(exp),
+            max_turns=exp.demo_turns,
             seed=exp.seed,
         )
 
         def compute() -> dict[str, bytes]:
             counters.bump("warmups")
             with torch_threads(exp.trainer.threads_per_process):  # a training job, sized like the trainer's
-                files, stats = warm_up(load_policy(exp.policy), env, settings, exp.seed, self.demo_turns(exp), sandbox_root())
+                files, stats = warm_up(load_policy(exp.policy), env, settings, exp.seed, exp.demo_turns, sandbox_root())
             return {**files, WARMUP: canonical_json(stats)}
 
         return store.get_or_put_files("weights", key, compute)
