@@ -11,8 +11,8 @@ OpenAI-compatible stub (`tests/openai_stub.py`), which answers after `--delay` s
   Completions of `--new-tokens` tokens (the experiment samples 1, which leaves generation little
   time to hide anything behind).
 - `tiny_agent` (multi-turn episodes, no warm-up: the base policy) on the `hf` backend, batched by
-  turn: each trajectory handed to the judge as its episode ends. The agent task has no LLM grading:
-  the stub is asked about the trajectory and the reward is the task's rubric (`AgentBenchGrading`).
+  turn: each trajectory handed to the judge as its episode ends. Graded by the task's LLM grading
+  (`tasks.agent.grading`: the episode as text).
 
 Modes, in alternating rounds after one uncounted round, each on a fresh artifact store (the judge's journal replays nothing):
 `as landed`, the loop as it is; `after batch`, the same loop with its rollout backend holding every
@@ -40,7 +40,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from dagster_rl.core.experiment_files import parse_experiment
 from dagster_rl.core.retries import Limits
-from dagster_rl.core.task import Backends, Endpoint, task_of
+from dagster_rl.core.task import Backends, Endpoint
 from dagster_rl.judges.journal import JudgeJournal
 from dagster_rl.judges.llm_judge import LLMJudge, OpenAIChatClient
 from dagster_rl.store.artifact_store import ArtifactStore
@@ -69,19 +69,6 @@ class JudgedAfterTheBatch:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
-
-
-class AgentBenchGrading:
-    """An LLM grading for the agent's trajectories (the task has none): the stub is asked about the
-    trajectory, and the reward is the task's rubric, so the step learns what it learns without a judge."""
-
-    prompt_version = "bench-agent-grading-1"
-
-    def messages(self, exp: Any, trajectory: Any) -> list[dict[str, str]]:
-        return [{"role": "user", "content": f"Grade the episode of trial {trajectory.trial_id}."}]
-
-    def reward(self, exp: Any, trajectory: Any, grade: float) -> Any:
-        return task_of(exp.kind).score(exp, trajectory)
 
 
 def one_step(loop: Any, exp: Any, rollout: Any, grading: Any, stub: OpenAIStub, args: argparse.Namespace, root: Path) -> dict:
@@ -135,6 +122,7 @@ def lm_rows(stub: OpenAIStub, args: argparse.Namespace) -> dict[str, list[dict]]
 
 def agent_rows(stub: OpenAIStub, args: argparse.Namespace) -> dict[str, list[dict]]:
     from dagster_rl.tasks.agent.backends import AgentHFRollouts
+    from dagster_rl.tasks.agent.grading import AgentGrading
     from dagster_rl.tasks.agent.loop import AgentLoop
 
     exp = parse_experiment(
@@ -144,7 +132,7 @@ def agent_rows(stub: OpenAIStub, args: argparse.Namespace) -> dict[str, list[dic
     def run(mode: str, root: Path) -> dict:
         rollout = AgentHFRollouts(root / "sandboxes")
         backend = rollout if mode == "as landed" else JudgedAfterTheBatch(rollout)
-        return one_step(AgentLoop(), exp, backend, AgentBenchGrading(), stub, args, root)
+        return one_step(AgentLoop(), exp, backend, AgentGrading(), stub, args, root)
 
     return rounds("tiny_agent", run, args)
 

@@ -80,9 +80,11 @@ class AgentRolloutSettings(Strict):
 
 
 class AgentExperiment(LMExperiment):
-    """A language-model experiment whose task, sampling, rubric, rollout and warm-up sections are the
-    agent's own (the `type: ignore[assignment]`s: pydantic validates each field by this class's type; the
-    update, trainer, checks and policy sections, which the inherited loop and trainers read, are shared)."""
+    """A language-model experiment (its policy, update, trainer and checks) whose task, sampling,
+    rubric, rollout and warm-up are the agent's own."""
+
+    # the `type: ignore[assignment]`s: pydantic validates each of these fields by this class's type; the
+    # sections the inherited loop and trainers read (policy, grpo, trainer, checks) are the language model's
 
     task: TextAgentTask = Field(description="the environment, the episode's budgets and the held-out worlds")  # type: ignore[assignment]
     sampling: AgentSampling = Field(  # type: ignore[assignment]
