@@ -19,7 +19,7 @@ from dagster_rl.tasks.agent.environment import EnvironmentSettings, World, envir
 from dagster_rl.tasks.agent.judge import AgentRubric
 from dagster_rl.tasks.agent.text_world import SecretSearchTextSettings
 from dagster_rl.tasks.agent.warmup import AgentWarmupSettings
-from dagster_rl.tasks.lm.experiment import LMExperiment
+from dagster_rl.tasks.lm.experiment import LMExperiment, LMRolloutSettings
 from dagster_rl.tasks.lm.settings import SamplingSettings
 
 
@@ -69,14 +69,16 @@ class AgentSampling(Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling; 1: the whole vocabulary")
 
 
-class AgentRolloutSettings(Strict):
-    """How a step's episodes are played: `hf`, in the driver's process, the live trials of a step
-    advancing one turn together."""
+class AgentRolloutSettings(LMRolloutSettings):
+    """How a step's episodes are played. `hf`: in the driver's process, the live trials of a step
+    advancing one turn together. `openai_server`: each turn of each episode one completion request
+    (token ids in, token ids and their log-probs out) to a warm vLLM server (or `dagster-rl serve`),
+    `max_concurrency` episodes at a time; where the server is (URL, key, timeouts) is the rollout
+    environment's setting, not the experiment's. The engine is in the rollouts' cache key."""
 
-    backend: Literal["hf"] = Field("hf", description="hf: batched by turn in the driver's process")
-
-    def cache_inputs(self) -> dict[str, str]:
-        return {}
+    backend: Literal["hf", "openai_server"] = Field(
+        "hf", description="hf: batched by turn in the driver's process; openai_server: a vLLM (or dagster-rl serve) server"
+    )
 
 
 class AgentExperiment(LMExperiment):
