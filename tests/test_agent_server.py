@@ -16,8 +16,8 @@ which only the turn budget ends: every episode takes all its turns. Each test pr
 (`pytest -s`)."""
 
 from collections.abc import Iterator
-from typing import Literal
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import torch
