@@ -11,8 +11,8 @@ random B), at temperature 1, top-p 1, up to --turn-tokens tokens per turn, all e
 - multi-turn: `max_turns` --turns, one request per turn, each the whole sequence so far (the first
   prompt, every earlier action and observation) as token ids.
 
-The environment is `relay`, defined here: it answers every action with a short line and never ends
-an episode itself, so every episode takes all its turns. Sampled tokens: the model's tokens of the
+The environment is the tests' `chatter` (tests/agent_fixtures.py): it answers every action with a
+short line and never ends an episode itself, so every episode takes all its turns. Sampled tokens: the model's tokens of the
 trajectories (mask 1). The two shapes alternate, --rounds times each after one warm-up of each;
 the median wall time. One server at a time, each with --threads torch threads.
 
@@ -27,7 +27,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Literal
 
 import torch
 import vllm_rollouts
@@ -37,46 +36,19 @@ from dagster_rl.core.task import Endpoint, RolloutEnv, task_of
 from dagster_rl.inference.server_process import vllm_cpu_command
 from dagster_rl.inference.vllm_client import VLLM_VERSION
 from dagster_rl.store.artifact_store import ArtifactStore
-from dagster_rl.tasks.agent.environment import EnvironmentSettings, EnvironmentSpec, Outcome, register_environment
 from dagster_rl.tasks.agent.experiment import AgentExperiment
 from dagster_rl.tasks.agent.loop import plan_episodes
 from dagster_rl.tasks.agent.records import AgentTrajectory
 from dagster_rl.tasks.lm.model.tiny import save_tiny_model
 from dagster_rl.tasks.lm.settings import ATTENTION_AND_MLP
-
-
-class RelaySettings(EnvironmentSettings):
-    name: Literal["relay"] = "relay"
-
-
-class Relay:
-    """Answers every action with a line of its own: only the turn budget ends an episode."""
-
-    def __init__(self, settings, world, seed, sandbox):
-        self.turns = 0
-
-    def reset(self) -> str:
-        return "open the memo and answer its digest"
-
-    def step(self, action: str) -> Outcome:
-        self.turns += 1
-        return Outcome(f"turn {self.turns}: {len(action)} letters read", tool="say", argument=action)
-
-    def verdict(self):
-        return {"success": False}
-
-    def close(self) -> None:
-        pass
-
-
-register_environment(EnvironmentSpec(name="relay", settings=RelaySettings, make=Relay, code_version="relay-1"))
+from tests.agent_fixtures import CHATTER
 
 
 def experiment(model: Path, args, turns: int) -> AgentExperiment:
     return AgentExperiment.model_validate(
         {
             "name": "bench_agent_server", "n_steps": 1, "prompts_per_step": args.worlds, "n_samples": args.samples,
-            "task": {"kind": "text_agent", "environment": {"name": "relay"},
+            "task": {"kind": "text_agent", "environment": {"name": CHATTER.name},
                      "episode": {"max_turns": turns, "max_turn_tokens": args.turn_tokens}},
             "policy": {"base_model": str(model), "device": "cpu",
                        "lora": {"rank": 8, "alpha": 16, "target_modules": list(ATTENTION_AND_MLP), "init_seed": 7}},

@@ -96,7 +96,7 @@ class AgentExperiment(LMExperiment):
         AgentSampling(), description="how actions are sampled (task.episode.max_turn_tokens bounds each)"
     )
     rubric: AgentRubric = Field(AgentRubric(), description="the reward: success, and fewer turns")  # type: ignore[assignment]
-    rollout: AgentRolloutSettings = Field(AgentRolloutSettings(), description="where episodes are played")
+    rollout: AgentRolloutSettings = Field(AgentRolloutSettings(), description="where episodes are played")  # type: ignore[assignment]
     warmup: AgentWarmupSettings | None = Field(  # type: ignore[assignment]
         None, description="supervised warm-up on the environment's demonstrations (`<exp>/sft`)"
     )
