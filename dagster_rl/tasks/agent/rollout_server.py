@@ -41,6 +41,9 @@ from dagster_rl.tasks.lm.rollout.openai_client import ServerRollouts
 
 @dataclass
 class AgentServerRollouts:
+    """Episodes of a step's requests on the rollout server of `server` (its endpoint, limits and
+    client), each trial in a sandbox under `sandbox_root`."""
+
     server: ServerRollouts
     sandbox_root: Path
     _on_done: threading.Lock = field(default_factory=threading.Lock)
@@ -54,6 +57,8 @@ class AgentServerRollouts:
     ) -> list[Outcome]:
         """One outcome per request, in their order: its trajectory, or how it failed after its retries.
         `on_done(trajectory)` as each trajectory ends (one call at a time)."""
+        if not requests:
+            return []
         server, limits = self.server, self.server.limits
         tok, vocab = server.tokenizer(exp.policy.base_model)
         chat = ChatTurns.of(tok)
