@@ -21,18 +21,20 @@ from typing import Literal
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from dagster_rl.core.hashing import cache_key, seed_of
 from dagster_rl.core.records import TrialFailed
 from dagster_rl.core.retries import Limits
 from dagster_rl.core.task import Endpoint, RolloutEnv, Weights, task_of
-from dagster_rl.store.artifact_store import ArtifactStore
+from dagster_rl.store.artifact_store import ArtifactRef, ArtifactStore
 from dagster_rl.tasks.agent.chat import ChatTurns
 from dagster_rl.tasks.agent.environment import EnvironmentSpec, Outcome, register_environment
-from dagster_rl.tasks.agent.experiment import AgentExperiment
-from dagster_rl.tasks.agent.loop import plan_episodes
+from dagster_rl.tasks.agent.experiment import AgentExperiment, AgentRolloutSettings
+from dagster_rl.tasks.agent.loop import AgentLoop, plan_episodes
 from dagster_rl.tasks.agent.records import AgentTrajectory
 from dagster_rl.tasks.lm.backend_protocols import Checkpoint
+from dagster_rl.tasks.lm.experiment import SERVER_REQUEST_VERSION
 from dagster_rl.tasks.lm.model.logprobs import pack, packed_logprobs
 from dagster_rl.tasks.lm.model.policy import checkpoint_bytes, load_policy
 from dagster_rl.tasks.lm.model.tiny import save_tiny_model
@@ -169,6 +171,23 @@ def deviations(exp: AgentExperiment, weights: Weights[Checkpoint], trajectories:
             at += n
         assert at == len(dev)
     return worst
+
+
+def test_the_engine_is_in_the_rollouts_key_and_what_a_server_refuses_is_refused_at_load():
+    served = experiment("builtin:tiny-qwen2-agent")
+    local = served.model_copy(update={"rollout": AgentRolloutSettings(backend="hf")})
+    assert served.rollout.cache_inputs() == {"engine": "openai_server", "request": SERVER_REQUEST_VERSION}
+    assert local.rollout.cache_inputs() == {}  # the keys of hf runs stay as they were
+    behavior = Weights("initial", ArtifactRef(kind="weights", key="k", content_hash="h", uri="file:///w/k"), {}, 0)
+    keys = {AgentLoop()._rollouts_key(e, 0, behavior) for e in (served, local)}
+    assert len(keys) == 2
+    raw = served.model_dump(mode="json")
+    raw["policy"]["lora"]["target_modules"] = [*ATTENTION_AND_MLP, "lm_head"]
+    with pytest.raises(ValidationError, match="vLLM cannot adapt those modules"):
+        AgentExperiment.model_validate(raw)
+    raw = served.model_dump(mode="json") | {"sampling": {"temperature": 1.0, "top_p": 0.9}}
+    with pytest.raises(ValidationError, match="openai_server needs top_p 1"):
+        AgentExperiment.model_validate(raw)
 
 
 def test_episodes_through_dagster_rl_serve_are_token_in_token_out_and_on_policy_at_every_turn(agent_serve, tmp_path):
