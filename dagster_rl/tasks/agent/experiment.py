@@ -121,7 +121,17 @@ class AgentExperiment(LMExperiment):
             raise ValueError(
                 f"environment {spec.name} gives no demonstrations: a warmup section has nothing to imitate; remove it"
             )
+        if self.warmup is not None and self.demo_turns < spec.min_turns:
+            raise ValueError(
+                f"the warm-up's demonstrations may take {self.demo_turns} turn(s), but a successful episode of {spec.name} takes at "
+                f"least {spec.min_turns}: raise warmup.max_turns (or task.episode.max_turns) to {spec.min_turns} or more"
+            )
         return self
+
+    @property
+    def demo_turns(self) -> int:
+        """The demonstrations' turn budget: the warm-up's own, else the episodes'."""
+        return (self.warmup.max_turns if self.warmup is not None else None) or self.task.episode.max_turns
 
     @property
     def turn_sampling(self) -> SamplingSettings:

@@ -7,6 +7,7 @@ code location loads its experiments. Its trainer backends are the language-model
 from dagster_rl.core.task import RolloutEnv, StepAssetSpec, Task, WarmupResult, WarmupSpec, register
 from dagster_rl.store.artifact_store import ArtifactStore
 from dagster_rl.tasks.agent.experiment import AgentExperiment
+from dagster_rl.tasks.agent.grading import AgentGrading
 from dagster_rl.tasks.agent.judge import judge
 from dagster_rl.tasks.lm.task import TASK as LM_TASK
 
@@ -59,6 +60,7 @@ TASK = register(
             ),
         ),
         checks=LM_TASK.checks,
+        grading=AgentGrading(),
         status_columns={"mean_turns": "mean_turns", "heldout_success": "success"},
     )
 )

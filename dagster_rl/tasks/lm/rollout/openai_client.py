@@ -7,7 +7,8 @@
   the model's generation config cannot change what is sampled), `logprobs: 0` and
   `return_tokens_as_token_ids`, so the completion comes back as token ids with each sampled token's
   log-probability. Requests go out `max_concurrency` at a time over one pooled HTTP client; each
-  trial has its own retries and time limit, and a trial that still fails is skipped.
+  trial has its own retries and time limit, and a trial that still fails is skipped. Each rollout
+  is handed to the loop (`on_done`) as its request completes, so it is judged while others generate.
 - The behavior weights are served as their own adapter, `<experiment>-v<version>`, read from the
   weights' artifact folder (or a copy under the endpoint's `adapter_dir`). The name comes from the
   weights record, never from a counter of this process, so a resumed or retried run loads the
@@ -24,7 +25,7 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,9 +109,15 @@ class ServerRollouts:
             return self._tokenizers[base_model]
 
     def generate(
-        self, exp: LMExperiment, requests: Sequence[RolloutRequest], behavior: Weights[Checkpoint], template: str
+        self,
+        exp: LMExperiment,
+        requests: Sequence[RolloutRequest],
+        behavior: Weights[Checkpoint],
+        template: str,
+        on_done: Callable[[LMRollout], None] | None = None,
     ) -> list[LMRollout | TrialFailed]:
-        """One outcome per request, in order: its rollout, or how it failed after its retries."""
+        """One outcome per request, in order: its rollout, or how it failed after its retries.
+        `on_done(rollout)` as each trial's request completes, from the thread that sent it."""
         tok, vocab = self.tokenizer(exp.policy.base_model)
         name = self.ready(exp, behavior)
         if requests:
@@ -138,9 +145,12 @@ class ServerRollouts:
                 )
 
             try:
-                return with_retries(f"trial {r.trial_id}", attempt, self.limits.max_retries, self.limits.timeout_s)
+                rollout = with_retries(f"trial {r.trial_id}", attempt, self.limits.max_retries, self.limits.timeout_s)
             except AttemptsExhausted as e:
                 return TrialFailed(trial_id=r.trial_id, error=describe(e.errors[-1]))
+            if on_done is not None:
+                on_done(rollout)
+            return rollout
 
         with ThreadPoolExecutor(self.limits.max_concurrency, "rollout") as pool:
             return list(pool.map(trial, requests))
