@@ -83,7 +83,7 @@ BRITTLE = register_environment(EnvironmentSpec(name="brittle", settings=BrittleS
 
 
 def experiment(base_model: str, environment: str = CHATTER.name, timeout_s: float = 600.0) -> AgentExperiment:
-    """4 worlds x 2 trials of `chatter`, 3 turns of up to 8 tokens, temperature 1, through openai_server."""
+    """4 worlds x 2 trials of `chatter`, 3 turns of up to 8 tokens, at tiny_agent's sampling (temperature 0.7, top_p 1), through openai_server."""
     episode = {"max_turns": MAX_TURNS, "max_turn_tokens": TURN_TOKENS, "trial_timeout_s": timeout_s}
     raw = shipped_settings(
         "tiny_agent",
