@@ -19,7 +19,7 @@ from dagster_rl.tasks.agent.environment import EnvironmentSettings, World, envir
 from dagster_rl.tasks.agent.judge import AgentRubric
 from dagster_rl.tasks.agent.text_world import SecretSearchTextSettings
 from dagster_rl.tasks.agent.warmup import AgentWarmupSettings
-from dagster_rl.tasks.lm.experiment import LMExperiment
+from dagster_rl.tasks.lm.experiment import LMExperiment, engine_cache_inputs
 from dagster_rl.tasks.lm.settings import SamplingSettings
 
 
@@ -70,13 +70,20 @@ class AgentSampling(Strict):
 
 
 class AgentRolloutSettings(Strict):
-    """How a step's episodes are played: `hf`, in the driver's process, the live trials of a step
-    advancing one turn together."""
+    """How a step's episodes are played. `hf`: in the driver's process, the live trials of a step
+    advancing one turn together. `openai_server`: each turn of each episode one completion request
+    (token ids in, token ids and their log-probs out) to a warm vLLM server (or `dagster-rl serve`),
+    `max_concurrency` episodes at a time; where the server is (URL, key, timeouts) is the rollout
+    environment's setting, not the experiment's. The engine is in the rollouts' cache key. As for a
+    language-model experiment, `openai_server` needs sampling.top_p 1 and an adapter vLLM can serve
+    (no lm_head, no embed_tokens in policy.lora.target_modules): both are refused at load."""
 
-    backend: Literal["hf"] = Field("hf", description="hf: batched by turn in the driver's process")
+    backend: Literal["hf", "openai_server"] = Field(
+        "hf", description="hf: batched by turn in the driver's process; openai_server: a vLLM (or dagster-rl serve) server"
+    )
 
     def cache_inputs(self) -> dict[str, str]:
-        return {}
+        return engine_cache_inputs(self.backend)
 
 
 class AgentExperiment(LMExperiment):

@@ -30,13 +30,20 @@ def _hf(exp: AgentExperiment, env: RolloutEnv):
     return AgentHFRollouts(env.scratch_dir / "dagster_rl_sandboxes", limits=env.limits)
 
 
+def _openai_server(exp: AgentExperiment, env: RolloutEnv):
+    from dagster_rl.tasks.agent.rollout_server import AgentServerRollouts
+    from dagster_rl.tasks.lm.rollout.openai_client import server_rollouts
+
+    return AgentServerRollouts(server_rollouts(exp, env), env.scratch_dir / "dagster_rl_sandboxes")
+
+
 TASK = register(
     Task(
         kind="text_agent",
         experiment=AgentExperiment,
         loop=_loop,
         score=lambda exp, trajectory: judge(trajectory, exp.rubric, exp.task.episode.max_turns),
-        rollout={"hf": _hf},
+        rollout={"hf": _hf, "openai_server": _openai_server},
         trainer=LM_TASK.trainer,
         warmup=WarmupSpec(
             "sft",

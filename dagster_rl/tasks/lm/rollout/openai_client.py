@@ -38,7 +38,7 @@ from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.core.faults import maybe_fail
 from dagster_rl.core.records import TrialFailed
 from dagster_rl.core.retries import AttemptsExhausted, Limits, describe, with_retries
-from dagster_rl.core.task import Endpoint, Weights
+from dagster_rl.core.task import Endpoint, RolloutEnv, Weights
 from dagster_rl.inference.http_json import EndpointError
 from dagster_rl.inference.vllm_client import ServerReplyError, ServerSampling, VLLMClient
 from dagster_rl.store import nofollow
@@ -69,6 +69,16 @@ def local_folder(uri: str) -> str:
             "folder the driver writes and the server reads (a shared volume), or keep artifacts on a mounted filesystem"
         )
     return path
+
+
+def server_rollouts(exp: LMExperiment, env: RolloutEnv) -> "ServerRollouts":
+    """The backend over the rollout environment's server; an error naming the setting when it names none."""
+    if env.endpoint is None:
+        raise ValueError(
+            f"experiment {exp.name} generates with rollout backend openai_server, but the rollout environment names no "
+            "server: set RolloutEnvironment(base_url=...) (or DAGSTER_RL_ROLLOUT_URL), e.g. http://vllm:8000/v1"
+        )
+    return ServerRollouts(env.endpoint, env.limits)
 
 
 @dataclass
@@ -109,9 +119,7 @@ class ServerRollouts:
         """One outcome per request, in order: its rollout, or how it failed after its retries.
         `on_done(rollout)` as each trial's request completes, from the thread that sent it."""
         tok, vocab = self.tokenizer(exp.policy.base_model)
-        if self.endpoint.start is not None:
-            self.endpoint.start([self.adapter_root(behavior)])
-        name = self.serve(exp, behavior)
+        name = self.ready(exp, behavior)
         if requests:
             self.check_logprobs_mode(name, encode_prompt(tok, requests[0].item, template), vocab)
         s = exp.sampling
@@ -146,6 +154,13 @@ class ServerRollouts:
 
         with ThreadPoolExecutor(self.limits.max_concurrency, "rollout") as pool:
             return list(pool.map(trial, requests))
+
+    def ready(self, exp: LMExperiment, behavior: Weights[Checkpoint]) -> str:
+        """The server started (when the rollout environment manages one) and serving the behavior
+        weights: the adapter name a request of this step names as its model."""
+        if self.endpoint.start is not None:
+            self.endpoint.start([self.adapter_root(behavior)])
+        return self.serve(exp, behavior)
 
     def check_logprobs_mode(self, model: str, prompt_ids: list[int], vocab: int) -> None:
         """Refuse a server that reports raw log-probabilities (vLLM's default `--logprobs-mode
