@@ -19,7 +19,6 @@ same bytes in every run on a machine. The adapter's version stays 0: versions co
 import random
 from pathlib import Path
 
-import torch
 from pydantic import Field
 
 from dagster_rl.core import bounds
@@ -32,8 +31,7 @@ from dagster_rl.tasks.agent.environment import EnvironmentSettings, World, envir
 from dagster_rl.tasks.agent.episode import Episode
 from dagster_rl.tasks.agent.records import EpisodeRequest
 from dagster_rl.tasks.lm.model.policy import Policy, checkpoint_bytes
-
-Sequence_ = tuple[list[int], list[int]]  # (token ids, mask over them: 1 where the loss is)
+from dagster_rl.tasks.lm.train.warmup import Example, fit
 
 
 class AgentWarmupSettings(Strict):
@@ -72,7 +70,7 @@ def demo_world(seed: int, index: int) -> World:
 
 def demonstration(
     chat: ChatTurns, environment: EnvironmentSettings, seed: int, index: int, max_turns: int, sandbox_root: Path
-) -> Sequence_:
+) -> Example:
     """Demonstration `index`: the environment's actions, played and recorded as a rollout would be;
     drawn again until the episode succeeds within `max_turns`."""
     spec = environment_of(environment.name)
@@ -103,23 +101,6 @@ def demonstration(
     )
 
 
-def masked_loss(model: torch.nn.Module, batch: list[Sequence_], pad_id: int) -> tuple[torch.Tensor, int]:
-    """Summed cross-entropy of the masked-in ids of a right-padded batch, and their count."""
-    width = max(len(ids) for ids, _ in batch)
-    ids = torch.full((len(batch), width), pad_id)
-    attention = torch.zeros((len(batch), width), dtype=torch.long)
-    target = torch.zeros((len(batch), width), dtype=torch.bool)
-    for i, (seq, mask) in enumerate(batch):
-        ids[i, : len(seq)] = torch.tensor(seq)
-        attention[i, : len(seq)] = 1
-        target[i, : len(seq)] = torch.tensor(mask, dtype=torch.bool)
-    device = next(model.parameters()).device
-    logits = model(input_ids=ids.to(device), attention_mask=attention.to(device), use_cache=False).logits[:, :-1].float()
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None].to(device))[..., 0]
-    chosen = target[:, 1:].to(device)
-    return -(logp * chosen).sum(), int(chosen.sum())
-
-
 def warm_up(
     policy: Policy,
     environment: EnvironmentSettings,
@@ -132,26 +113,7 @@ def warm_up(
     checkpoint files and the stats."""
     chat = ChatTurns.of(policy.tokenizer)
     demos = [demonstration(chat, environment, seed, i, max_turns, sandbox_root) for i in range(settings.demos)]
-    params = [p for _, p in policy.trainable()]
-    optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=0.0, foreach=False)
-    order = random.Random(seed_of(seed, "warmup", "order"))
-    queue: list[int] = []
-    losses = []
-    model = policy.mode(training=True)
-    device = next(model.parameters()).device
-    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-        torch.manual_seed(seed_of(seed, "warmup", "dropout"))
-        for _ in range(settings.steps):
-            while len(queue) < settings.batch_size:  # epochs of a fresh permutation each
-                queue += order.sample(range(len(demos)), len(demos))
-            picked, queue = queue[: settings.batch_size], queue[settings.batch_size :]
-            optimizer.zero_grad(set_to_none=True)
-            total, count = masked_loss(model, [demos[i] for i in picked], policy.tokenizer.pad_token_id)
-            (total / count).backward()
-            torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
-            optimizer.step()
-            losses.append(float(total.detach()) / count)
-    policy.mode(training=False)
+    losses = fit(policy, demos, settings.steps, settings.batch_size, settings.learning_rate, 0.0, settings.max_grad_norm, seed)
     turns = [sum(1 for a, b in zip(m, m[1:], strict=False) if a == 1 and b == 0) + (m[-1] == 1) for _, m in demos]
     stats = AgentWarmupStats(
         demos=len(demos), demo_turns=sum(turns) / len(turns), losses=losses, tokens=sum(sum(m) for _, m in demos)

@@ -82,21 +82,68 @@ def demo_tokens(policy: Policy, item: PromptItem, template: str) -> tuple[list[i
     return encode_prompt(tok, item, template), answer
 
 
-def batch_loss(model: torch.nn.Module, batch: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, int]:
-    """Summed cross-entropy of the answer tokens of a right-padded batch, and their count."""
-    width = max(len(p) + len(a) for p, a in batch)
+Example = tuple[list[int], list[int]]  # (token ids, 1 where the loss is and 0 where they are context)
+
+
+def masked_loss(model: torch.nn.Module, batch: list[Example], pad_id: int) -> tuple[torch.Tensor, int]:
+    """Summed cross-entropy of the masked-in ids of a right-padded batch, and their count."""
+    width = max(len(ids) for ids, _ in batch)
     ids = torch.full((len(batch), width), pad_id)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    target = torch.zeros((len(batch), width), dtype=torch.bool)  # positions whose token is an answer token
-    for i, (p, a) in enumerate(batch):
-        ids[i, : len(p) + len(a)] = torch.tensor(p + a)
-        mask[i, : len(p) + len(a)] = 1
-        target[i, len(p) : len(p) + len(a)] = True
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    target = torch.zeros((len(batch), width), dtype=torch.bool)
+    for i, (seq, mask) in enumerate(batch):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attention[i, : len(seq)] = 1
+        target[i, : len(seq)] = torch.tensor(mask, dtype=torch.bool)
     device = next(model.parameters()).device
-    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits[:, :-1].float()
+    logits = model(input_ids=ids.to(device), attention_mask=attention.to(device), use_cache=False).logits[:, :-1].float()
     logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None].to(device))[..., 0]
     chosen = target[:, 1:].to(device)
     return -(logp * chosen).sum(), int(chosen.sum())
+
+
+def answer_example(prompt: list[int], answer: list[int]) -> Example:
+    """A demonstration's ids with the loss on its answer tokens."""
+    return prompt + answer, [0] * len(prompt) + [1] * len(answer)
+
+
+def fit(
+    policy: Policy,
+    examples: Sequence[Example],
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    weight_decay: float,
+    max_grad_norm: float,
+    seed: int,
+    after_step: Callable[[int], bool] | None = None,
+) -> list[float]:
+    """Supervised fine-tuning of the adapter: `steps` AdamW steps (clipped to `max_grad_norm`) on
+    batches of `batch_size` examples, epochs of a fresh seeded permutation each, the cross-entropy
+    on their masked-in ids. `after_step(step)` (1-based) returning True stops it. Returns the losses."""
+    params = [p for _, p in policy.trainable()]
+    optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, foreach=False)
+    order = random.Random(seed_of(seed, "warmup", "order"))
+    queue: list[int] = []
+    losses = []
+    model = policy.mode(training=True)
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+        torch.manual_seed(seed_of(seed, "warmup", "dropout"))
+        for step in range(1, steps + 1):
+            while len(queue) < batch_size:  # epochs of a fresh permutation each
+                queue += order.sample(range(len(examples)), len(examples))
+            picked, queue = queue[:batch_size], queue[batch_size:]
+            optimizer.zero_grad(set_to_none=True)
+            total, count = masked_loss(model, [examples[i] for i in picked], policy.tokenizer.pad_token_id)
+            (total / count).backward()
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            optimizer.step()
+            losses.append(float(total.detach()) / count)
+            if after_step is not None and after_step(step):
+                break
+    policy.mode(training=False)
+    return losses
 
 
 def warm_up(
@@ -114,32 +161,26 @@ def warm_up(
         held = draw_check_prompts(items, demos, seed, settings.check_prompts)
     checks: list[tuple[int, float]] = []
     examples = [demo_tokens(policy, it, template) for it in demos]
-    params = [p for _, p in policy.trainable()]
-    optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=settings.weight_decay, foreach=False)
-    order = random.Random(seed_of(seed, "warmup", "order"))
-    queue: list[int] = []
-    losses = []
-    model = policy.mode(training=True)
-    device = next(model.parameters()).device
-    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-        torch.manual_seed(seed_of(seed, "warmup", "dropout"))
-        for step in range(1, settings.steps + 1):
-            while len(queue) < settings.batch_size:  # epochs of a fresh permutation each
-                queue += order.sample(range(len(examples)), len(examples))
-            picked, queue = queue[: settings.batch_size], queue[settings.batch_size :]
-            optimizer.zero_grad(set_to_none=True)
-            total, count = batch_loss(model, [examples[i] for i in picked], policy.tokenizer.pad_token_id)
-            (total / count).backward()
-            torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
-            optimizer.step()
-            losses.append(float(total.detach()) / count)
-            if stop is not None and held and step % settings.check_every == 0:
-                measure, target = stop
-                checks.append((step, measure(policy, held)))
-                policy.mode(training=True)
-                if checks[-1][1] >= target:
-                    break
-    policy.mode(training=False)
+
+    def after_step(step: int) -> bool:
+        if stop is None or not held or step % settings.check_every:
+            return False
+        measure, target = stop
+        checks.append((step, measure(policy, held)))
+        policy.mode(training=True)
+        return checks[-1][1] >= target
+
+    losses = fit(
+        policy,
+        [answer_example(p, a) for p, a in examples],
+        settings.steps,
+        settings.batch_size,
+        settings.learning_rate,
+        settings.weight_decay,
+        settings.max_grad_norm,
+        seed,
+        after_step,
+    )
     files = checkpoint_bytes(policy, None)  # version 0, no optimizer moments: GRPO starts its own
     stats = WarmupStats(
         demos=[it.id for it in demos],
