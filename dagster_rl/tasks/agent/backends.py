@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dagster_rl.core import counters
-from dagster_rl.core.faults import InjectedFault, maybe_fail
+from dagster_rl.core.faults import flaky_trials
 from dagster_rl.core.records import TrialFailed
 from dagster_rl.core.retries import Limits
 from dagster_rl.core.task import Weights
@@ -45,13 +45,8 @@ class AgentHFRollouts:
                 if not pending:
                     break
                 counters.bump("trials_executed", len(pending))
-                healthy = []
-                for r in pending:
-                    try:
-                        maybe_fail(exp.faults.flaky_trial_rate, attempt, exp.seed, "trial", r.trial_id)
-                        healthy.append(r)
-                    except InjectedFault as e:
-                        done[r.trial_id] = TrialFailed(trial_id=r.trial_id, error=repr(e))
+                healthy, injected = flaky_trials(pending, exp.faults.flaky_trial_rate, attempt, exp.seed)
+                done.update((t, TrialFailed(trial_id=t, error=repr(e))) for t, e in injected.items())
                 outcomes = run_episodes(
                     policy,
                     healthy,

@@ -68,6 +68,11 @@ class SecretSearchTextSettings(EnvironmentSettings):
         "(at least n_docs): fewer is easier, down to n_docs, where every world lists the same titles in its own order",
     )
 
+    demo_search: Literal["browse", "random"] = Field(
+        "browse",
+        description="how the warm-up's demonstrations search: browse from the top of the list (`next`), opening the "
+        "clue's document now and then (demo_clue_rate); or open documents by title in a random order until the digest shows",
+    )
     demo_clue_rate: float = Field(
         0.25,
         ge=0.0,
@@ -154,11 +159,18 @@ class SecretSearchText:
 
 
 def demonstrate(settings: SecretSearchTextSettings, world: World, rng: random.Random) -> list[str]:
-    """A valid search: browse the documents from the top of the list until the digest shows, except
-    that at each turn, with probability `demo_clue_rate`, open the document the clue names instead;
-    then the answer."""
+    """A valid search, then the answer. `browse`: the documents from the top of the list (`next`)
+    until the digest shows, except that at each turn, with probability `demo_clue_rate`, the document
+    the clue names instead. `random`: documents opened by title in a random order until the digest
+    shows (the clue's document among them by chance only)."""
     contents = Contents(settings, world)
     actions = []
+    if settings.demo_search == "random":
+        for title in rng.sample(contents.titles, len(contents.titles)):
+            actions.append(f"open {title}")
+            if title == contents.clue:
+                break
+        return [*actions, f"answer {contents.digest}"]
     for index in range(len(contents.titles)):
         if rng.random() < settings.demo_clue_rate:
             actions.append(f"open {contents.clue}")

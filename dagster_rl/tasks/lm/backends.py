@@ -28,7 +28,7 @@ from pathlib import Path
 
 import dagster_rl
 from dagster_rl.core import counters
-from dagster_rl.core.faults import InjectedFault, maybe_fail
+from dagster_rl.core.faults import flaky_trials
 from dagster_rl.core.hashing import content_hash
 from dagster_rl.core.records import TrialFailed
 from dagster_rl.core.retries import Limits, with_retries
@@ -143,13 +143,8 @@ class HFRollouts:
             if not pending:
                 break
             counters.bump("trials_executed", len(pending))
-            healthy = []
-            for r in pending:
-                try:
-                    maybe_fail(exp.faults.flaky_trial_rate, attempt, exp.seed, "trial", r.trial_id)
-                    healthy.append(r)
-                except InjectedFault as e:
-                    errors[r.trial_id] = e
+            healthy, injected = flaky_trials(pending, exp.faults.flaky_trial_rate, attempt, exp.seed)
+            errors.update(injected)
             start = time.monotonic()
             try:
                 generated = generate_rollouts(policy, healthy, exp.sampling, template)
