@@ -25,7 +25,6 @@ import os
 import resource
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +34,7 @@ os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp(prefix="dagster-rl-bench-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 EXPERIMENT = Path(__file__).with_suffix(".yaml")
+from bench.learning_curves import train_through_driver
 
 
 def settings(args: argparse.Namespace) -> dict:
@@ -62,44 +62,8 @@ def settings(args: argparse.Namespace) -> dict:
 
 def run(raw: dict) -> dict:
     """The experiment's train job through the driver; the metadata of its warm-up, evaluations and weights."""
-    import yaml
-    from dagster import AssetKey, DagsterInstance
-
-    from assets.definitions import build_definitions
-    from dagster_rl.core.experiment import step_key
-    from dagster_rl.core.experiment_files import load_experiments
-    from resources import ArtifactStoreResource
-
-    name = raw["name"]
-
-    def metadata(instance: DagsterInstance, asset: str) -> dict:
-        records = instance.fetch_materializations(AssetKey([name, asset]), limit=10_000, ascending=True).records
-        return {
-            r.asset_materialization.partition: {k: v.value for k, v in r.asset_materialization.metadata.items()} for r in records
-        }
-
-    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
-        (Path(tmp) / "experiments").mkdir()
-        (Path(tmp) / "experiments" / f"{name}.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-        exp = load_experiments(Path(tmp) / "experiments")[name]
-        defs = build_definitions({name: exp}, {"artifact_store": ArtifactStoreResource(url=f"file://{tmp}/artifacts")})
-        tags = {
-            "dagster/asset_partition_range_start": step_key(0),
-            "dagster/asset_partition_range_end": step_key(exp.n_steps - 1),
-        }
-        quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the table, not the run's event log
-        with DagsterInstance.ephemeral() as instance:
-            t0 = time.perf_counter()
-            done = defs.resolve_job_def(f"{name}_train").execute_in_process(instance=instance, tags=tags, run_config=quiet)
-            if not done.success:
-                sys.exit(f"the {name}_train run failed; its events are above")
-            wall = time.perf_counter() - t0
-            return {
-                "wall_s": wall,
-                "sft": metadata(instance, "sft").get(None),
-                "evaluation": metadata(instance, "evaluation"),
-                "weights": metadata(instance, "weights"),
-            }
+    wall, found = train_through_driver(raw, ("sft", "evaluation", "weights"))
+    return {"wall_s": wall, "sft": found["sft"].get(None), **{k: found[k] for k in ("evaluation", "weights")}}
 
 
 def print_tables(raw: dict, result: dict, load_before: float) -> None:
