@@ -11,7 +11,7 @@ instance with a fresh artifact store, in this process, and prints from the mater
   the judge's (`judge_s`), of its update (`train_s`) and of its held-out evaluation (`eval_s`, in a
   thread beside the next step), with the sampled success, mean turns and GRPO groups with a signal.
 
-    .venv/bin/python bench/smollm2_agent.py                          # defaults: 4 steps of 4 worlds x 4 trials (~10 min)
+    .venv/bin/python bench/smollm2_agent.py                          # defaults: 4 steps of 4 worlds x 4 trials (13-15 min, 2 busy cores)
     .venv/bin/python bench/smollm2_agent.py --steps 20 --worlds 8 --samples 8 --eval 64   # a longer run (a GPU's size)
     .venv/bin/python bench/smollm2_agent.py --warmup-steps 0          # GRPO from the base model alone
     .venv/bin/python bench/smollm2_agent.py --set '{"grpo": {"learning_rate": 0.002}}'    # any setting, one level deep
