@@ -130,6 +130,11 @@ def main(argv: list[str] | None = None) -> None:
     lineage.add_argument("experiment")
     lineage.add_argument("step", help="step number, e.g. 7 or 0007")
     lineage.add_argument("--json", action="store_true", help="everything, every trial seed included, as JSON")
+    lineage.add_argument(
+        "--trial",
+        default=None,
+        help="also one trial of the chain, e.g. s3-p0-n1: its reward and each turn (action, tool, observation); with --json, that trial alone",
+    )
     lineage.set_defaults(fn=cmd_lineage)
     verify = sub.add_parser(
         "verify",

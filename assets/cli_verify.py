@@ -127,7 +127,7 @@ def cmd_lineage(args: argparse.Namespace) -> None:
     """The chain of a step's weights back to step 0, read from the store; each step's artifacts are
     checked against the experiment's materializations of that step as `verify` checks them, and a
     mismatch is flagged under the step (exit 1)."""
-    from dagster_rl.core.lineage import trace
+    from dagster_rl.core.lineage import trace, trial_of
     from dagster_rl.store.artifact_store import check_key
 
     exp = find_experiment(args.experiment)
@@ -141,6 +141,7 @@ def cmd_lineage(args: argparse.Namespace) -> None:
             sys.exit(f"dagster-rl: {foreign}.")
         try:
             chain = trace(store, check_key(md.get("artifact_key"), f"artifact key of {exp.name}/weights {step}"))
+            trial = trial_of(store, chain, args.trial) if args.trial else None
         except DagsterRLError as e:
             sys.exit(f"dagster-rl: {e}")
         flags = {s.step: _lineage_flags(instance, exp, store, s) for s in chain}
@@ -158,6 +159,8 @@ def cmd_lineage(args: argparse.Namespace) -> None:
                     ],
                     indent=2,
                 )
+                if trial is None
+                else trial.model_dump_json(indent=2)
             )
         else:
             print(f"lineage of {exp.name}/weights {step} (artifacts in {store.url}, experiment seed {exp.seed})")
@@ -174,6 +177,8 @@ def cmd_lineage(args: argparse.Namespace) -> None:
                 print(f"  <- behavior policy: weights {b['partition']} v{b['version']} {str(b['content_hash'])[:16]}")
                 for problem in flags[s.step]:
                     print(f"  MISMATCH {problem}")
+            if trial is not None:
+                print_trial(trial)
         sys.stdout.flush()
     except BrokenPipeError:
         quiet_closed_stdout()
@@ -232,3 +237,24 @@ def _rubric_weights(rubric: dict) -> str:
 def _seed_span(seeds: dict[str, int]) -> str:
     ids = sorted(seeds)
     return f"{ids[0]}={seeds[ids[0]]} .. {ids[-1]}={seeds[ids[-1]]}" if ids else "none"
+
+
+def print_trial(trial) -> None:
+    """A trial of a lineage: its reward, then each turn's action, tool call and observation (a
+    single-turn rollout: its completion), with the tokens the model sampled and their log-probability."""
+    t, r = trial.trajectory, trial.reward
+    verdict = "skipped (judging failed)" if r is None else f"reward {r['reward']:.3f}, {'correct' if r['correct'] else 'wrong'}"
+    print(f"trial {trial.trial_id} (step {step_key(trial.step)}, seed {trial.seed}): {verdict}")
+    mask, logps = t.get("completion_mask") or [1] * len(t["completion_token_ids"]), t["sampling_logprobs"]
+    for i, turn in enumerate(t.get("turns") or []):
+        first = sum(mask[: turn["action_start"]])
+        sampled = sum(mask[turn["action_start"] : turn["action_end"]])
+        seen = "" if turn["observation"] == "" else f" -> {turn['observation']!r}"
+        print(
+            f"  turn {i + 1}: {turn['action']!r} ({sampled} tokens, log-prob {sum(logps[first : first + sampled]):.2f}, "
+            f"{turn['finish_reason']}){seen}"
+        )
+    if not t.get("turns"):
+        print(f"  completion: {t.get('completion_text')!r} ({len(logps)} tokens, log-prob {sum(logps):.2f})")
+    if t.get("end_reason"):
+        print(f"  ended: {t['end_reason']}")

@@ -55,15 +55,14 @@ def request(i: int, seed: int = 0) -> EpisodeRequest:
     )
 
 
-def agent_settings(targets: tuple[str, ...] = AGENT_TARGETS) -> PolicySettings:
-    return PolicySettings(
-        base_model="builtin:tiny-qwen2-agent", lora=LoRASettings(rank=4, alpha=8, target_modules=targets, init_seed=3)
-    )
+def agent_settings(targets: tuple[str, ...] = AGENT_TARGETS, base_model: str = "builtin:tiny-qwen2-agent") -> PolicySettings:
+    return PolicySettings(base_model=base_model, lora=LoRASettings(rank=4, alpha=8, target_modules=targets, init_seed=3))
 
 
-def busy_policy(targets: tuple[str, ...] = AGENT_TARGETS) -> Policy:
-    """The built-in agent model with an adapter whose B is drawn, not 0: a policy that is not the base."""
-    policy = load_policy(agent_settings(targets))
+def busy_policy(targets: tuple[str, ...] = AGENT_TARGETS, settings: PolicySettings | None = None) -> Policy:
+    """The built-in agent model (or `settings`' policy) with an adapter whose B is drawn, not 0: a
+    policy that is not the base."""
+    policy = load_policy(settings or agent_settings(targets))
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(11)
         for name, p in policy.trainable():

@@ -258,10 +258,12 @@ def _default(info: Any) -> Any:
 
 
 def _kind_of(models: list[type[BaseModel]], value: dict) -> type[BaseModel]:
-    """Which of the models a section's value is (by its `kind` where they have one)."""
+    """Which of the models a section's value is: by its `kind` where they have one, else by its
+    constant `name` (an environment's settings); a model with neither takes any value."""
     for m in models:
-        kind = m.model_fields.get("kind")
-        if kind is None or kind.default == value.get("kind"):
+        tags = [(tag, f) for tag in ("kind", "name") if (f := m.model_fields.get(tag)) is not None]
+        tag, constant = next(((t, f) for t, f in tags if t == "kind" or get_origin(f.annotation) is Literal), (None, None))
+        if constant is None or constant.default == value.get(tag):
             return m
     return models[0]
 

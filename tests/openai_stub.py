@@ -10,10 +10,10 @@ It scores by a rule (default `rule_score`: a verified-looking answer found in fe
 leftover files scores high) and answers `SCORE: <x>`. Failure modes, for the judge's error paths:
 `fail_next(n, status)` answers the next n requests with an HTTP error, `delay_s` delays answers,
 `reply_text` replaces the reply, `content` the message content with any JSON value (null included);
-`received` counts requests as they arrive (answered or not). `crash_after_answer(n)` arms
-`after_answer`, a hook for the caller (LLMJudge.after_call): the next n callers whose request was
-answered raise `CrashAfterJudgeCall` right after the answer arrived, as a judging task that dies
-after paying for its judge call.
+`received` counts requests as they arrive (answered or not), `received_at` their arrival times
+(`time.monotonic()`). `crash_after_answer(n)` arms `after_answer`, a hook for the caller
+(LLMJudge.after_call): the next n callers whose request was answered raise `CrashAfterJudgeCall`
+right after the answer arrived, as a judging task that dies after paying for its judge call.
 """
 
 import json
@@ -62,6 +62,7 @@ class OpenAIStub:
         self.reply_text: str | None = None
         self.content: Any = _UNSET
         self.received = 0
+        self.received_at: list[float] = []
         self.calls: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._fail_next: list[int] = []
@@ -126,6 +127,7 @@ class OpenAIStub:
             return 400, {"error": {"message": "model and messages are required", "type": "invalid_request_error"}}
         with self._lock:
             self.received += 1
+            self.received_at.append(time.monotonic())
             status = self._fail_next.pop(0) if self._fail_next else None
         if status is not None:
             return status, {"error": {"message": "injected failure", "type": "server_error"}}

@@ -132,3 +132,20 @@ def test_a_failing_environment_makes_failed_trials_that_a_rerun_plays_again(lab)
     for a, b in zip(ours.trajectories, ref.trajectories, strict=True):
         assert a.completion_token_ids == b.completion_token_ids and a.turns == b.turns, a.trial_id
         assert max(abs(x - y) for x, y in zip(a.sampling_logprobs, b.sampling_logprobs, strict=True)) < ON_POLICY_ROUNDING
+
+
+def test_a_run_cut_after_a_step_resumes_to_the_same_bytes(lab):
+    """Steps 0000 and 0001 in one run, or in two runs (the first stopped after step 0000, as a killed
+    range resumes): every artifact of both steps is the same bytes, and the second run computes only
+    step 0001."""
+    whole = lab("echo_whole", ECHO)
+    assert whole.run("echo_agent", "0000", "0001").success
+    cut = lab("echo_cut", ECHO)
+    assert cut.run("echo_agent", "0000", "0000").success
+    resumed = cut.reopen()
+    assert resumed.run("echo_agent", "0000", "0001").success
+    assert resumed.latest("echo_agent", "weights", "0000")["cache"] == "hit"
+    for asset in (*CHAIN, "evaluation"):
+        for step in ("0000", "0001"):
+            a, b = whole.latest("echo_agent", asset, step), resumed.latest("echo_agent", asset, step)
+            assert a["content_hash"] == b["content_hash"], (asset, step)

@@ -125,3 +125,36 @@ def test_status_shows_success_and_mean_turns_per_step(curve, monkeypatch, capsys
             f"{evaluation['success']:.3g}",
             f"{weights['mean_turns']:.3g}",
         ], rows[step]
+
+
+def test_lineage_shows_a_trajectorys_turns(curve, monkeypatch, capsys):
+    """`dagster-rl lineage <exp> <step> --trial <id>`: the chain, then the trial's reward and each of
+    its turns (the action as the environment read it, its sampled tokens and their log-probability,
+    the observation), as the step's stored rollouts and rewards hold them."""
+    from assets.cli import main
+
+    monkeypatch.setenv("DAGSTER_HOME", str(curve.home))
+    monkeypatch.setenv("DAGSTER_RL_EXPERIMENTS", str(curve.home / "experiments"))
+    store, step = curve.store(), STEPS[2]
+    rollouts = store.get_model(
+        "rollouts", curve.latest("tiny_agent", "rollouts", step)["artifact_key"], Rollouts[AgentTrajectory]
+    )
+    rewards = store.get_model("rewards", curve.latest("tiny_agent", "rewards", step)["artifact_key"], Rewards[AgentReward])
+    t = max(rollouts.trajectories, key=lambda t: (len(t.turns), t.trial_id))  # a trial of several turns
+    r = next(r for r in rewards.rewards if r.trial_id == t.trial_id)
+    main(["lineage", "tiny_agent", "2", "--trial", t.trial_id])
+    out = capsys.readouterr().out
+    lines = out[out.index(f"trial {t.trial_id} ") :].splitlines()
+    assert lines[0] == (
+        f"trial {t.trial_id} (step {step}, seed {t.seed}): reward {r.reward:.3f}, {'correct' if r.correct else 'wrong'}"
+    )
+    used = 0
+    for i, turn in enumerate(t.turns):
+        n = turn.action_end - turn.action_start
+        logp = sum(t.sampling_logprobs[used : used + n])
+        used += n
+        seen = "" if turn.observation == "" else f" -> {turn.observation!r}"
+        assert lines[1 + i] == f"  turn {i + 1}: {turn.action!r} ({n} tokens, log-prob {logp:.2f}, {turn.finish_reason}){seen}"
+    assert lines[1 + len(t.turns)] == f"  ended: {t.end_reason}" and len(t.turns) >= 2
+    with pytest.raises(SystemExit, match="no trial 's9-p0-n0' in this lineage's rollouts"):
+        main(["lineage", "tiny_agent", "2", "--trial", "s9-p0-n0"])

@@ -21,9 +21,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from dagster_rl.core.experiment_files import parse_experiment
 from dagster_rl.tasks.agent.chat import ChatTurns
 from dagster_rl.tasks.agent.environment import World
 from dagster_rl.tasks.agent.episode import Episode
+from dagster_rl.tasks.agent.grading import AgentGrading
 from dagster_rl.tasks.agent.judge import AgentRubric, judge
 from dagster_rl.tasks.agent.records import AgentTrajectory
 from dagster_rl.tasks.agent.rollout_hf import run_episodes
@@ -37,6 +39,7 @@ from dagster_rl.tasks.lm.train.grpo_loss import grpo_batch_loss, grpo_sample_los
 from dagster_rl.tasks.lm.train.trainer import TrainSample, _pack, build_samples, train_step
 from tests.agent_fixtures import ChatterSettings, busy_policy, request
 from tests.lm_fixtures import GRPO, ON_POLICY_ROUNDING, fresh_policy, step_batch
+from tests.settings import shipped_settings
 
 WORLD = SecretSearchTextSettings(n_docs=4, titles=4, digest_chars=6)
 
@@ -86,6 +89,16 @@ def test_an_episode_keeps_the_sampled_ids_and_frames_observations_in_turn_marker
     assert t.token_ids == [*t.prompt_token_ids, *t.completion_token_ids] and len(t.mask) == len(t.token_ids)
     reward = judge(t, AgentRubric(correctness=1.0, efficiency=1.0), max_turns=3)
     assert reward.correct and reward.turns == 2 and reward.reward == pytest.approx(1.0 + 2 / 3)
+    # the LLM judge reads the episode as text and grades its efficiency; the environment decides success
+    exp = parse_experiment(shipped_settings("tiny_agent", rubric={"correctness": 1.0, "efficiency": 0.5}))
+    messages = AgentGrading().messages(exp, t)
+    assert "efficiency 0.5" in messages[0]["content"] and messages[1]["content"].endswith(
+        f"First observation:\nfind {contents.clue}\ndocs: {' '.join(contents.titles)}\n\n"
+        f"Turn 1 action: open {contents.clue}\nTurn 1 observation: digest {contents.digest}\n"
+        f"Turn 2 action: answer {contents.digest}\n\nEnded: answered; succeeded: yes"
+    )
+    graded = AgentGrading().reward(exp, t, 0.4)
+    assert graded.components == {"correctness": 1.0, "llm": 0.4} and graded.reward == pytest.approx(1.0 + 0.5 * 0.4)
 
 
 def test_the_environment_reads_only_its_sandbox_and_ends_on_a_bad_action(tmp_path):

@@ -15,7 +15,9 @@ a key nor that list fails the test.
 import hashlib
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from pydantic import ValidationError
@@ -23,6 +25,8 @@ from pydantic import ValidationError
 from dagster_rl.core.experiment_files import parse_experiment
 from dagster_rl.core.task import BUILTIN_TASKS, Backends
 from dagster_rl.store.artifact_store import ADOPTING_KINDS
+from dagster_rl.tasks.agent.environment import register_environment
+from dagster_rl.tasks.agent.text_world import SPEC, SecretSearchTextSettings
 from tests.key_completeness import Change, Plan, Walk, _listed, changes, combined, compute, findings, outcome
 from tests.openai_stub import OpenAIStub
 
@@ -73,6 +77,8 @@ OUTSIDE_KEYS = {
 # stored float artifacts are then another computation of the same plan (adopted by a second writer),
 # and the keys computed from their content hashes differ. Each must change nothing else.
 ROUNDING = {
+    "generation_threads": "torch threads of generation: the same tokens whatever the count; a multi-turn episode's "
+    "longer batched forwards round their log-probs otherwise with another count (within rounding)",
     "faults.flaky_trial_rate": "a trial retried after its first attempt failed is generated in another batch, whose "
     "shapes round its log-probs otherwise (within rounding); its tokens are the same",
 }
@@ -130,6 +136,36 @@ BASES = {
 }
 
 
+BASES["text_agent"] = {
+    "name": "keys",
+    "n_steps": 2,
+    "prompts_per_step": 2,
+    "n_samples": 2,
+    "min_trials_per_step": 1,
+    "task": {
+        "kind": "text_agent",
+        "environment": {"name": "secret_search", "n_docs": 3, "titles": 4, "digest_chars": 2, "demo_clue_rate": 0.5},
+        "episode": {"max_turns": 2, "max_turn_tokens": 3},
+        "n_eval": 2,
+    },
+    "policy": {
+        "base_model": "builtin:tiny-qwen2-agent",
+        "lora": {"rank": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"], "init_seed": 1},
+    },
+    "grpo": {"learning_rate": 0.01, "kl_beta": 0.01},
+    "warmup": {"demos": 2, "steps": 2, "batch_size": 2, "learning_rate": 0.01},
+}
+
+
+class _CopySettings(SecretSearchTextSettings):
+    name: Literal["secret_search_copy"] = "secret_search_copy"  # type: ignore[assignment]
+
+
+# another text environment (the same world under another name and code version): the agent's rollouts,
+# warm-up and evaluations must name the environment they were played in
+register_environment(replace(SPEC, name="secret_search_copy", settings=_CopySettings, code_version="secret-search-copy-1"))
+
+
 def _gsm8k_file(folder: Path, name: str, shift: int) -> str:
     """A GSM8K-format file of the tiny model's words: "copy 3 :" -> 3."""
     lines = [{"question": f"copy {d} :", "answer": f"{(d + shift) % 10} #### {(d + shift) % 10}"} for d in range(10)]
@@ -138,13 +174,16 @@ def _gsm8k_file(folder: Path, name: str, shift: int) -> str:
     return str(path)
 
 
-def _overrides(folder: Path, judge_url: str) -> dict[str, list]:
+def _overrides(folder: Path, judge_url: str, kind: str) -> dict[str, list]:
     """Values of settings that cannot be guessed from their type."""
     return {
         "environments.judge.base_url": [judge_url.replace("127.0.0.1", "localhost")],  # the same judge, named otherwise
-        "policy.base_model": ["builtin:tiny-qwen2-vllm"],  # the same tokenizer, another model
+        # another model: the same tokenizer (a chat model's, for the agent: its turn markers frame the observations)
+        "policy.base_model": ["builtin:tiny-qwen2-gsm8k" if kind == "text_agent" else "builtin:tiny-qwen2-vllm"],
         "task.source": [{"kind": "gsm8k", "path": _gsm8k_file(folder, "a.jsonl", 0), "n_eval": 2, "template": "{question}"}],
         "task.source.path": [_gsm8k_file(folder, "b.jsonl", 1)],
+        "task.environment": [{"name": "secret_search_copy"}],  # another environment (registered above)
+        "task.environment.name": ["secret_search"],
     }
 
 
@@ -238,7 +277,7 @@ def audit(
     when given), and how many settings were changed. Each setting that should enter a key is
     changed and computed alone; those of OUTSIDE_KEYS all at once, and split in halves only when
     something of them shows (a change of none of them may show)."""
-    walk = Walk(_valid, _overrides(folder, judge_url), SKIP)
+    walk = Walk(_valid, _overrides(folder, judge_url, kind), SKIP)
     base = Plan(BASES[kind], _environments(judge_url))
     computed = Computations(folder)
     every = [c for c in changes(base, _resources(), set(NOT_SETTINGS), walk) if only is None or c.setting in only]

@@ -4,6 +4,9 @@ failures, a server the rollout environment starts and stops, and a crash + resum
 stays up."""
 
 import re
+import time
+from dataclasses import dataclass
+from dataclasses import field as default
 
 import pytest
 import torch
@@ -11,7 +14,7 @@ import torch
 from dagster_rl.core import counters
 from dagster_rl.core.records import Rollouts, TrialFailed
 from dagster_rl.core.retries import Limits
-from dagster_rl.core.task import Endpoint
+from dagster_rl.core.task import Backends, Endpoint
 from dagster_rl.inference.http_json import EndpointError, JSONEndpoint
 from dagster_rl.inference.vllm_client import ServerSampling
 from dagster_rl.store.artifact_store import ArtifactStore
@@ -262,3 +265,54 @@ def test_a_server_of_another_base_model_is_refused_with_what_to_do(tiny_serve, t
     backend = ServerRollouts(Endpoint(tiny_serve.base_url))
     with pytest.raises(Exception, match="serves builtin:tiny-qwen2 .*not /models/Qwen2.5-0.5B-Instruct.*vllm serve"):
         backend._check_base(exp, tiny_serve.client.models())
+
+
+@dataclass
+class Landings(ServerRollouts):
+    """The `openai_server` backend, recording when each rollout landed (handed to `on_done`)."""
+
+    landed: list[float] = default(default_factory=list)
+
+    def generate(self, exp, requests, behavior, template, on_done=None):
+        def record(rollout: LMRollout) -> None:
+            self.landed.append(time.monotonic())
+            if on_done is not None:
+                on_done(rollout)
+
+        return super().generate(exp, requests, behavior, template, record)
+
+
+def test_each_rollout_goes_to_the_llm_judge_as_it_lands_while_the_others_still_generate(tiny_serve, tmp_path):
+    """The step judges through the LLM judge (a stub answering in 0.1 s): the first judge request
+    arrives before the last rollout lands; a judgement that fails is a skipped trial, its rewards a
+    partial artifact, never stored under their key; rewards are in trial order."""
+    from dagster_rl.core.steps import rewards_key
+    from dagster_rl.judges.journal import JudgeJournal
+    from dagster_rl.judges.llm_judge import LLMJudge, OpenAIChatClient
+    from dagster_rl.tasks.lm.backends import HFRollouts, LMTrainer
+    from dagster_rl.tasks.lm.code_versions import CODE_VERSIONS
+    from dagster_rl.tasks.lm.grading import LMGrading
+    from tests.openai_stub import STUB_MODEL, OpenAIStub
+
+    exp = _exp(prompts_per_step=4, n_samples=4, min_trials_per_step=8, sampling={"temperature": 1.0, "top_p": 1.0})
+    store = ArtifactStore(f"file://{tmp_path}/artifacts")
+    loop = LMLoop()
+    behavior, prompts = loop.initial_weights(exp, store), loop.prompt_set(exp)
+    rollout = Landings(Endpoint(tiny_serve.base_url), Limits(max_retries=0, timeout_s=30, max_concurrency=2))
+    with OpenAIStub(delay_s=0.1) as stub:
+        client = OpenAIChatClient(stub.base_url, timeout_s=10.0)
+        judge = LLMJudge(client, STUB_MODEL, JudgeJournal(store), LMGrading(), Limits(max_retries=0, max_concurrency=4))
+        stub.fail_next(1)  # the first judgement fails (no retries): its trial is skipped
+        gen = loop.generate(exp, 0, behavior, prompts, store, Backends(rollout, judge, LMTrainer()), print)
+        arrived = list(stub.received_at)
+    assert len(rollout.landed) == len(arrived) == 16  # every rollout landed once and was judged once
+    assert min(arrived) < max(rollout.landed), "the first judgement started only after the last rollout landed"
+    assert 0.0 < gen.judge_hidden_seconds <= gen.judge_seconds <= gen.seconds
+    ids = [r.trial_id for r in gen.rewards.rewards]
+    assert ids == sorted(ids) and len(ids) == 15 and len(gen.rewards.skipped) == 1
+    key = rewards_key(CODE_VERSIONS["rewards"], judge, gen.rollouts_ref, rubric=exp.rubric)
+    assert not store.exists("rewards", key) and store.partial("rewards", key) == gen.rewards_ref.key
+    # the hf engine hands an attempt's batch over once it is generated: every rollout, each once
+    landed: list[LMRollout] = []
+    requests = plan_requests(prompts_for_step(prompts.train, exp.seed, 0, 2), exp.seed, 0, 2)
+    assert HFRollouts().generate(exp, requests, behavior, prompts.template, landed.append) == landed and len(landed) == 4

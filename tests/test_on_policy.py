@@ -67,9 +67,15 @@ class Skewed(HFRollouts):
 
     by: float = 0.0
 
-    def generate(self, exp, requests, behavior, template):
-        out = super().generate(exp, requests, behavior, template)
-        return [r.model_copy(update={"sampling_logprobs": [v + self.by for v in r.sampling_logprobs]}) for r in out]
+    def generate(self, exp, requests, behavior, template, on_done=None):
+        out = [
+            r.model_copy(update={"sampling_logprobs": [v + self.by for v in r.sampling_logprobs]})
+            for r in super().generate(exp, requests, behavior, template)
+        ]
+        for r in out:
+            if on_done is not None:
+                on_done(r)
+        return out
 
 
 def run(exp, store, rollout, steps):

@@ -15,6 +15,8 @@ lost vLLM cannot pass by skipping.
 
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -73,13 +75,13 @@ class RealVLLM:
         return RolloutEnvironment(base_url=self.base_url, request_timeout_s=120, **{"max_concurrency": 8, **limits})
 
 
-@pytest.fixture(scope="session")
-def vllm(tmp_path_factory):
+@contextmanager
+def started_vllm(model: Path) -> Iterator[RealVLLM]:
+    """A real vLLM serving the model folder `model`, started and stopped by a rollout environment."""
     from dagster_rl.inference.server_process import vllm_cpu_command
     from resources import RolloutEnvironment
 
     python = require_vllm()
-    model = vllm_model(tmp_path_factory.mktemp("vllm-model") / "tiny-qwen2-vllm")
     port = free_port()
     command = vllm_cpu_command(str(model), port, python=python, generation_config=None)  # vLLM's default: the folder's
     env = RolloutEnvironment(
@@ -89,7 +91,16 @@ def vllm(tmp_path_factory):
     env.endpoint().start([])  # what a backend calls before its first request (vLLM ignores the adapter roots)
     server = RealVLLM(env, str(model), time.monotonic() - t0)
     print(f"\nvLLM ready in {server.started_in_s:.0f} s at {server.base_url}")
-    yield server
-    proc = env._server.proc if env._server is not None else None
-    env.teardown_after_execution(None)  # what the end of a run calls
+    try:
+        yield server
+    finally:
+        proc = env._server.proc if env._server is not None else None
+        env.teardown_after_execution(None)  # what the end of a run calls
     assert proc is not None and proc.poll() is not None and not server.client.healthy(), "the managed vLLM did not stop"
+
+
+@pytest.fixture(scope="session")
+def vllm(tmp_path_factory):
+    require_vllm()
+    with started_vllm(vllm_model(tmp_path_factory.mktemp("vllm-model") / "tiny-qwen2-vllm")) as server:
+        yield server

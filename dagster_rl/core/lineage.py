@@ -1,13 +1,16 @@
 """Trace a checkpoint back to step 0: weights <- rewards <- rollouts <- behavior weights <- ...
 
 Walks the artifact store alone: every weights artifact names the rewards and previous weights it was
-trained from, every rewards artifact its rollouts, every rollouts artifact its behavior policy.
+trained from, every rewards artifact its rollouts, every rollouts artifact its behavior policy. One
+trial of the chain (`trial_of`) is its trajectory and its reward as stored: a multi-turn
+trajectory's record carries its turns (`dagster_rl.tasks.agent.records.Turn`).
 """
 
 import json
 
 from pydantic import BaseModel
 
+from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.core.hashing import content_hash
 from dagster_rl.core.records import STATS
 from dagster_rl.store.artifact_store import DATA, ArtifactStore
@@ -68,3 +71,34 @@ def trace(store: ArtifactStore, weights_key: str) -> list[StepLineage]:
             )
         )
         key = stats["prev_weights_key"]
+
+
+class TrialLineage(BaseModel):
+    """One trial of a chain: the step that sampled it, its trajectory and its reward as stored."""
+
+    step: int
+    trial_id: str
+    seed: int
+    trajectory: dict  # the rollouts record's entry
+    reward: dict | None  # the rewards record's entry; None: the trial was skipped (its judging failed)
+
+
+def trial_of(store: ArtifactStore, chain: list[StepLineage], trial_id: str) -> TrialLineage:
+    """The trial `trial_id` of the chain's rollouts, with its reward."""
+    for s in chain:
+        if trial_id not in s.seeds:
+            continue
+        trajectories = json.loads(store.get("rollouts", s.rollouts_key, DATA))["trajectories"]
+        rewards = json.loads(store.get("rewards", s.rewards_key, DATA))["rewards"]
+        return TrialLineage(
+            step=s.step,
+            trial_id=trial_id,
+            seed=s.seeds[trial_id],
+            trajectory=next(t for t in trajectories if t["trial_id"] == trial_id),
+            reward=next((r for r in rewards if r["trial_id"] == trial_id), None),
+        )
+    some = sorted(t for s in chain[:1] for t in s.seeds)[:3]
+    raise DagsterRLError(
+        f"no trial {trial_id!r} in this lineage's rollouts; its trials are named like {', '.join(some) or '(none)'}: "
+        "the step's number, the prompt's, the sample's"
+    )

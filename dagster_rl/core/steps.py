@@ -9,6 +9,8 @@ trials that failed. When they now succeed the set is complete, its content is th
 everything downstream of it is computed again.
 """
 
+import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -105,12 +107,19 @@ def _latest_partial(store: ArtifactStore, kind: str, key: str, record: type[V], 
         return None
 
 
-def judge_all(exp: Any, trajectories: list, judge: JudgeBackend, done: Callable[[int], None] = lambda n: None) -> list[Outcome]:
+def judge_all(
+    exp: Any,
+    trajectories: list,
+    judge: JudgeBackend,
+    done: Callable[[int], None] = lambda n: None,
+    clock: "JudgeClock | None" = None,
+) -> list[Outcome]:
     """Judge every trajectory concurrently, `judge.limits.max_concurrency` at a time: one outcome
     each, its reward or a TrialFailed when its judging still failed after its retries. `done(1)`
-    is called as each judgement ends (progress)."""
-    with ThreadPoolExecutor(judge.limits.max_concurrency) as pool:
-        return collect_judgements({pool.submit(judge.judge, exp, t): t.trial_id for t in trajectories}, done)
+    is called as each judgement ends (progress); `clock` records when each ran."""
+    clock = clock or JudgeClock()
+    with ThreadPoolExecutor(judge.limits.max_concurrency, "judge") as pool:
+        return collect_judgements({pool.submit(clock.judge, judge, exp, t): t.trial_id for t in trajectories}, done)
 
 
 def collect_judgements(judging: dict[Future, str], done: Callable[[int], None] = lambda n: None) -> list[Outcome]:
@@ -125,12 +134,57 @@ def collect_judgements(judging: dict[Future, str], done: Callable[[int], None] =
     return outcomes
 
 
+Span = tuple[float, float]  # (start, end), time.monotonic() seconds
+
+
+@dataclass
+class JudgeClock:
+    """When a step's judgements ran, beside when its trials generated: `judge_s`, the wall time
+    during which at least one judgement ran, and `hidden_s`, the part of it spent while the trials
+    still generated (hidden behind generation, off the step's critical path)."""
+
+    judging: list[Span] = field(default_factory=list)
+    generating: list[Span] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def judge(self, judge: JudgeBackend, exp: Any, trajectory: Any) -> Any:
+        """`judge.judge(exp, trajectory)`, timed."""
+        t0 = time.monotonic()
+        try:
+            return judge.judge(exp, trajectory)
+        finally:
+            with self._lock:
+                self.judging.append((t0, time.monotonic()))
+
+    @property
+    def judge_s(self) -> float:
+        return sum(b - a for a, b in _union(self.judging))
+
+    @property
+    def hidden_s(self) -> float:
+        generating = _union(self.generating)
+        return sum(max(0.0, min(b, d) - max(a, c)) for a, b in _union(self.judging) for c, d in generating)
+
+
+def _union(spans: list[Span]) -> list[Span]:
+    """Overlapping spans merged: disjoint, in order."""
+    merged: list[Span] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
 class Judged:
     """Judgements made while generating, reused for the rewards when their trajectory is the one
-    stored (a rollouts artifact adopted from another writer may hold other trajectories)."""
+    stored (a rollouts artifact adopted from another writer may hold other trajectories); `clock`:
+    when the step's judgements ran, those made for the rewards after generating included."""
 
     def __init__(self) -> None:
         self._by_trial: dict[str, tuple[Any, Outcome]] = {}
+        self.clock = JudgeClock()
 
     def add(self, trajectory: Any, outcome: Outcome) -> None:
         self._by_trial[trajectory.trial_id] = (trajectory, outcome)
@@ -142,7 +196,45 @@ class Judged:
         known = [self._by_trial.get(t.trial_id) for t in trajectories]
         reused = [k[1] for t, k in zip(trajectories, known, strict=True) if k is not None and k[0] == t]
         fresh = [t for t, k in zip(trajectories, known, strict=True) if k is None or k[0] != t]
-        return reused + judge_all(exp, fresh, judge, done)
+        return reused + judge_all(exp, fresh, judge, done, self.clock)
+
+
+Landed = Callable[[Any], None]  # called with each trajectory as it lands
+
+
+def judge_as_they_land(
+    exp: Any,
+    judge: JudgeBackend,
+    judged: Judged,
+    generate: Callable[[Landed], list[Outcome]],
+    landed: Landed = lambda t: None,
+    generated: Callable[[], None] = lambda: None,
+    done: Callable[[int], None] = lambda n: None,
+) -> list[Outcome]:
+    """`generate(on_done)`'s outcomes, each trajectory judged the moment it lands: `generate` calls
+    `on_done(trajectory)` as each one is complete (from any thread), which hands it to the judge at
+    once, `judge.limits.max_concurrency` at a time, while the others still generate. Returns when
+    every judgement has ended; the judgements (a reward, or a TrialFailed when judging still failed
+    after its retries) go into `judged`, their times and generation's into `judged.clock`.
+    Progress: `landed(trajectory)` as each lands, `generated()` when generation has ended, `done(1)`
+    as each judgement ends."""
+    clock, judging, by_trial = judged.clock, dict[Future, str](), dict[str, Any]()
+    with ThreadPoolExecutor(judge.limits.max_concurrency, "judge") as pool:
+
+        def on_done(trajectory: Any) -> None:
+            by_trial[trajectory.trial_id] = trajectory
+            judging[pool.submit(clock.judge, judge, exp, trajectory)] = trajectory.trial_id
+            landed(trajectory)
+
+        t0 = time.monotonic()
+        try:
+            outcomes = generate(on_done)
+        finally:
+            clock.generating.append((t0, time.monotonic()))
+        generated()
+        for outcome in collect_judgements(judging, done):
+            judged.add(by_trial[outcome.trial_id], outcome)
+    return outcomes
 
 
 def step_rewards(

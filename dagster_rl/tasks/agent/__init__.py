@@ -12,7 +12,9 @@ One idea per module:
     episode      one trial's turn loop: its environment, its sandbox, its token sequence
     rollout_hf   episodes on `transformers`, the live trials of a step batched by turn
     backends     the rollout backend `hf` (the trainers are the language-model task's)
+    rollout_server  the rollout backend `openai_server`: one completion request per turn, token ids in and out
     judge        verifier + rubric: success, and fewer turns
+    grading      the LLM judge's prompt (the episode as text) and its reward
     warmup       SFT on the environment's demonstrations, loss on the actions only
     evaluation   greedy episodes on held-out worlds: success, mean turns
     loop         the step (the language-model loop over episodes)

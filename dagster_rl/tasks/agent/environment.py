@@ -97,7 +97,8 @@ class EnvironmentSpec(Generic[S]):
     """A registered environment. `make(settings, world, seed, sandbox)`: a live environment for one
     trial. `demonstrate(settings, world, rng)`: a valid sequence of action texts for the world (the
     supervised warm-up's demonstrations), or None when the environment has none. `code_version`:
-    in the rollouts' cache key (a new version of the world is new rollouts)."""
+    in the rollouts' cache key (a new version of the world is new rollouts). `min_turns`: the fewest
+    actions a successful episode takes (an experiment whose warm-up allows fewer is refused)."""
 
     name: str
     settings: type[S]
@@ -105,6 +106,7 @@ class EnvironmentSpec(Generic[S]):
     code_version: str
     demonstrate: Callable[[S, World, random.Random], list[str]] | None = None
     description: str = ""
+    min_turns: int = 1  # the fewest actions a successful episode takes: a demonstration needs that many turns
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

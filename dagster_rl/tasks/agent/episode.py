@@ -68,6 +68,11 @@ class Episode:
         return [*self.prompt_ids, *self.completion]
 
     @property
+    def seconds_left(self) -> float:
+        """What is left of the trial's time limit (`task.episode.trial_timeout_s`)."""
+        return self.timeout_s - (self.clock() - self.started)
+
+    @property
     def turn_seed(self) -> int:
         return seed_of(self.request.seed, "turn", len(self.turns))
 
@@ -104,7 +109,11 @@ class Episode:
                 observation=outcome.observation,
             )
         )
-        if self.clock() - self.started > self.timeout_s:
+        self.check_time()
+
+    def check_time(self) -> None:
+        """A `TrialTimeout` once the trial has run longer than its timeout."""
+        if self.seconds_left < 0:
             raise TrialTimeout(
                 f"trial {self.request.trial_id} ran longer than its timeout of {self.timeout_s} s (task.episode.trial_timeout_s)"
             )

@@ -19,7 +19,7 @@ from dagster_rl.tasks.agent.environment import EnvironmentSettings, World, envir
 from dagster_rl.tasks.agent.judge import AgentRubric
 from dagster_rl.tasks.agent.text_world import SecretSearchTextSettings
 from dagster_rl.tasks.agent.warmup import AgentWarmupSettings
-from dagster_rl.tasks.lm.experiment import LMExperiment
+from dagster_rl.tasks.lm.experiment import LMExperiment, engine_cache_inputs
 from dagster_rl.tasks.lm.settings import SamplingSettings
 
 
@@ -70,19 +70,28 @@ class AgentSampling(Strict):
 
 
 class AgentRolloutSettings(Strict):
-    """How a step's episodes are played: `hf`, in the driver's process, the live trials of a step
-    advancing one turn together."""
+    """How a step's episodes are played. `hf`: in the driver's process, the live trials of a step
+    advancing one turn together. `openai_server`: each turn of each episode one completion request
+    (token ids in, token ids and their log-probs out) to a warm vLLM server (or `dagster-rl serve`),
+    `max_concurrency` episodes at a time; where the server is (URL, key, timeouts) is the rollout
+    environment's setting, not the experiment's. The engine is in the rollouts' cache key. As for a
+    language-model experiment, `openai_server` needs sampling.top_p 1 and an adapter vLLM can serve
+    (no lm_head, no embed_tokens in policy.lora.target_modules): both are refused at load."""
 
-    backend: Literal["hf"] = Field("hf", description="hf: batched by turn in the driver's process")
+    backend: Literal["hf", "openai_server"] = Field(
+        "hf", description="hf: batched by turn in the driver's process; openai_server: a vLLM (or dagster-rl serve) server"
+    )
 
     def cache_inputs(self) -> dict[str, str]:
-        return {}
+        return engine_cache_inputs(self.backend)
 
 
 class AgentExperiment(LMExperiment):
-    """A language-model experiment whose task, sampling, rubric, rollout and warm-up sections are the
-    agent's own (the `type: ignore[assignment]`s: pydantic validates each field by this class's type; the
-    update, trainer, checks and policy sections, which the inherited loop and trainers read, are shared)."""
+    """A language-model experiment (its policy, update, trainer and checks) whose task, sampling,
+    rubric, rollout and warm-up are the agent's own."""
+
+    # the `type: ignore[assignment]`s: pydantic validates each of these fields by this class's type; the
+    # sections the inherited loop and trainers read (policy, grpo, trainer, checks) are the language model's
 
     task: TextAgentTask = Field(description="the environment, the episode's budgets and the held-out worlds")  # type: ignore[assignment]
     sampling: AgentSampling = Field(  # type: ignore[assignment]
@@ -114,7 +123,17 @@ class AgentExperiment(LMExperiment):
             raise ValueError(
                 f"environment {spec.name} gives no demonstrations: a warmup section has nothing to imitate; remove it"
             )
+        if self.warmup is not None and self.demo_turns < spec.min_turns:
+            raise ValueError(
+                f"the warm-up's demonstrations may take {self.demo_turns} turn(s), but a successful episode of {spec.name} takes at "
+                f"least {spec.min_turns}: raise warmup.max_turns (or task.episode.max_turns) to {spec.min_turns} or more"
+            )
         return self
+
+    @property
+    def demo_turns(self) -> int:
+        """The demonstrations' turn budget: the warm-up's own, else the episodes'."""
+        return (self.warmup.max_turns if self.warmup is not None else None) or self.task.episode.max_turns
 
     @property
     def turn_sampling(self) -> SamplingSettings:

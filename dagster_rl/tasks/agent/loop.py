@@ -13,7 +13,6 @@ beside the warm-up's (`start_*`) and the base model's (`base_*`).
 
 import tempfile
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from dagster_rl.core import counters
@@ -21,7 +20,7 @@ from dagster_rl.core.experiment import step_key
 from dagster_rl.core.hashing import cache_key, canonical_json, seed_of
 from dagster_rl.core.progress import Progress
 from dagster_rl.core.records import Rewards, Rollouts, TrialFailed
-from dagster_rl.core.steps import Judged, collect_judgements, mean, recovered, rewards_key, rollouts_key, step_rewards, trial_set
+from dagster_rl.core.steps import Judged, judge_as_they_land, mean, recovered, rewards_key, rollouts_key, step_rewards, trial_set
 from dagster_rl.core.task import Backends, StepAsset, WarmupResult, Warn, Weights
 from dagster_rl.store.artifact_store import ArtifactRef, ArtifactStore
 from dagster_rl.tasks.agent.environment import World, environment_of
@@ -83,11 +82,6 @@ class AgentLoop(LMLoop):
         return stored_weights("sft", ref, files)
 
     # ---- the warm-up --------------------------------------------------------------------------
-    @staticmethod
-    def demo_turns(exp: Exp) -> int:
-        """The demonstrations' turn budget: the warm-up's own, else the episodes'."""
-        return (exp.warmup.max_turns if exp.warmup is not None else None) or exp.task.episode.max_turns
-
     def _warmup(self, exp: Exp, store: ArtifactStore) -> tuple[dict[str, bytes], ArtifactRef, bool]:
         settings = exp.warmup
         if settings is None:
@@ -100,14 +94,14 @@ class AgentLoop(LMLoop):
             warmup=exp.warmup,
             environment=env,
             environment_code=environment_of(env.name).code_version,
-            max_turns=self.demo_turns(exp),
+            max_turns=exp.demo_turns,
             seed=exp.seed,
         )
 
         def compute() -> dict[str, bytes]:
             counters.bump("warmups")
             with torch_threads(exp.trainer.threads_per_process):  # a training job, sized like the trainer's
-                files, stats = warm_up(load_policy(exp.policy), env, settings, exp.seed, self.demo_turns(exp), sandbox_root())
+                files, stats = warm_up(load_policy(exp.policy), env, settings, exp.seed, exp.demo_turns, sandbox_root())
             return {**files, WARMUP: canonical_json(stats)}
 
         return store.get_or_put_files("weights", key, compute)
@@ -159,20 +153,15 @@ class AgentLoop(LMLoop):
 
         def run(pending: list[str]) -> list[AgentTrajectory | TrialFailed]:
             progress.generated(step, len(requests) - len(pending))
-            judging: dict[Future, str] = {}
-            landed: dict[str, AgentTrajectory] = {}
-            with ThreadPoolExecutor(judge.limits.max_concurrency, "judge") as pool:
-
-                def on_done(trajectory: AgentTrajectory) -> None:
-                    landed[trajectory.trial_id] = trajectory
-                    progress.generated(step)
-                    judging[pool.submit(judge.judge, exp, trajectory)] = trajectory.trial_id
-
-                outcomes = backends.rollout.generate(exp, [requests[t] for t in pending], behavior, on_done)
-                progress.phase(step, "judging")
-                for outcome in collect_judgements(judging, lambda n: progress.judged(step, n)):
-                    judged.add(landed[outcome.trial_id], outcome)
-            return outcomes
+            return judge_as_they_land(
+                exp,
+                judge,
+                judged,
+                lambda on_done: backends.rollout.generate(exp, [requests[t] for t in pending], behavior, on_done),
+                landed=lambda _: progress.generated(step),
+                generated=lambda: progress.phase(step, "judging"),
+                done=lambda n: progress.judged(step, n),
+            )
 
         def make(trajectories: list[AgentTrajectory], failed: list[str]) -> Rollouts[AgentTrajectory]:
             return Rollouts[AgentTrajectory](
@@ -203,6 +192,8 @@ class AgentLoop(LMLoop):
             judge_calls=len(rewards.attempted),
             seconds=time.monotonic() - t0,
             recovered=recovered(rollouts, rewards),
+            judge_seconds=judged.clock.judge_s,
+            judge_hidden_seconds=judged.clock.hidden_s,
         )
 
     def _rollouts_key(self, exp: Exp, step: int, behavior: Weights[Checkpoint]) -> str:

@@ -7,6 +7,7 @@ code location loads its experiments. Its trainer backends are the language-model
 from dagster_rl.core.task import RolloutEnv, StepAssetSpec, Task, WarmupResult, WarmupSpec, register
 from dagster_rl.store.artifact_store import ArtifactStore
 from dagster_rl.tasks.agent.experiment import AgentExperiment
+from dagster_rl.tasks.agent.grading import AgentGrading
 from dagster_rl.tasks.agent.judge import judge
 from dagster_rl.tasks.lm.task import TASK as LM_TASK
 
@@ -29,13 +30,20 @@ def _hf(exp: AgentExperiment, env: RolloutEnv):
     return AgentHFRollouts(env.scratch_dir / "dagster_rl_sandboxes", limits=env.limits)
 
 
+def _openai_server(exp: AgentExperiment, env: RolloutEnv):
+    from dagster_rl.tasks.agent.rollout_server import AgentServerRollouts
+    from dagster_rl.tasks.lm.rollout.openai_client import server_rollouts
+
+    return AgentServerRollouts(server_rollouts(exp, env), env.scratch_dir / "dagster_rl_sandboxes")
+
+
 TASK = register(
     Task(
         kind="text_agent",
         experiment=AgentExperiment,
         loop=_loop,
         score=lambda exp, trajectory: judge(trajectory, exp.rubric, exp.task.episode.max_turns),
-        rollout={"hf": _hf},
+        rollout={"hf": _hf, "openai_server": _openai_server},
         trainer=LM_TASK.trainer,
         warmup=WarmupSpec(
             "sft",
@@ -52,6 +60,7 @@ TASK = register(
             ),
         ),
         checks=LM_TASK.checks,
+        grading=AgentGrading(),
         status_columns={"mean_turns": "mean_turns", "heldout_success": "success"},
     )
 )

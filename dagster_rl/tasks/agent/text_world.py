@@ -197,5 +197,6 @@ SPEC = register_environment(
         code_version=CODE_VERSION,
         demonstrate=demonstrate,
         description="find the document the clue names among the listed titles, open it, answer its digest",
+        min_turns=2,  # open, answer
     )
 )

@@ -1,11 +1,12 @@
 """What the language-model loop calls on its backends: a rollout backend generates a step's
-requests in one call (`hf` in this process, `openai_server` against a server), a trainer backend
+requests in one call (`hf` in this process, `openai_server` against a server) and reports each
+rollout as it lands, a trainer backend
 runs one GRPO update (`in_process`, `torchrun`, `k8s`: `LMTrainer`). Imports nothing heavy: the
 task's record names these types without importing torch."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from dagster_rl.core.records import TrialFailed
@@ -22,10 +23,17 @@ Checkpoint = dict[str, bytes]  # file name -> bytes: adapter, its config, optimi
 
 class LMRolloutBackend(RolloutBackend, Protocol):
     def generate(
-        self, exp: LMExperiment, requests: Sequence[RolloutRequest], behavior: Weights[Checkpoint], template: str
+        self,
+        exp: LMExperiment,
+        requests: Sequence[RolloutRequest],
+        behavior: Weights[Checkpoint],
+        template: str,
+        on_done: Callable[[LMRollout], None] | None = None,
     ) -> list[LMRollout | TrialFailed]:
         """One outcome per request, in order: its rollout, sampled with the `behavior` weights, or how
-        it failed after its retries."""
+        it failed after its retries. `on_done(rollout)` is called (from any thread) with each rollout
+        the moment it is complete and final, before `generate` returns, so that the loop judges it
+        while the others still generate; never with a failed trial."""
         ...
 
 

@@ -114,16 +114,27 @@ class HFRollouts:
     policies: PolicyCache = field(default_factory=PolicyCache)
 
     def generate(
-        self, exp: LMExperiment, requests: Sequence[RolloutRequest], behavior: Weights[dict[str, bytes]], template: str
+        self,
+        exp: LMExperiment,
+        requests: Sequence[RolloutRequest],
+        behavior: Weights[dict[str, bytes]],
+        template: str,
+        on_done: Callable[[LMRollout], None] | None = None,
     ) -> list[LMRollout | TrialFailed]:
         """One outcome per request: its rollout, or how it failed after its retries. Each attempt
         generates the trials still pending, in batches; a trial's tokens do not depend on its batch,
-        so a trial that finished is never generated again."""
+        so a trial that finished is never generated again. An attempt's rollouts land together, when
+        it ends within its time limit: `on_done(rollout)` is called for each of them then."""
         with self.policies.use(exp, behavior.payload) as policy:
-            return self._generate(exp, policy, requests, template)
+            return self._generate(exp, policy, requests, template, on_done or (lambda r: None))
 
     def _generate(
-        self, exp: LMExperiment, policy: Policy, requests: Sequence[RolloutRequest], template: str
+        self,
+        exp: LMExperiment,
+        policy: Policy,
+        requests: Sequence[RolloutRequest],
+        template: str,
+        on_done: Callable[[LMRollout], None],
     ) -> list[LMRollout | TrialFailed]:
         done: dict[str, LMRollout] = {}
         errors: dict[str, BaseException] = {}
@@ -150,6 +161,8 @@ class HFRollouts:
                     errors.update(dict.fromkeys((r.trial_id for r in healthy), late))
                 else:
                     done.update((g.trial_id, g) for g in generated)
+                    for g in generated:
+                        on_done(g)
             pending = [r for r in pending if r.trial_id not in done]
         return [done.get(r.trial_id) or TrialFailed(trial_id=r.trial_id, error=repr(errors[r.trial_id])) for r in requests]
 

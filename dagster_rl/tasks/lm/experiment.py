@@ -37,10 +37,14 @@ class LMRolloutSettings(Strict):
     )
 
     def cache_inputs(self) -> dict[str, str]:
-        """What the engine adds to the rollouts' cache key: another engine samples other tokens from
-        the same seeds (vLLM's sampler), so its rollouts are other artifacts; and what its requests
-        state. (`hf`: nothing, the keys of every run so far.)"""
-        return {} if self.backend == "hf" else {"engine": self.backend, "request": SERVER_REQUEST_VERSION}
+        return engine_cache_inputs(self.backend)
+
+
+def engine_cache_inputs(backend: str) -> dict[str, str]:
+    """What a rollout engine adds to the rollouts' cache key: another engine samples other tokens from
+    the same seeds (vLLM's sampler), so its rollouts are other artifacts; and what its requests
+    state. (`hf`: nothing, the keys of every run so far.)"""
+    return {} if backend == "hf" else {"engine": backend, "request": SERVER_REQUEST_VERSION}
 
 
 # The on_policy check's bounds by policy.dtype, on the trainer's log-probs of an on-policy step's

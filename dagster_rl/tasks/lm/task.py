@@ -41,14 +41,9 @@ def _hf(exp: LMExperiment, env: RolloutEnv) -> LMRolloutBackend:
 
 
 def _openai_server(exp: LMExperiment, env: RolloutEnv) -> LMRolloutBackend:
-    from dagster_rl.tasks.lm.rollout.openai_client import ServerRollouts
+    from dagster_rl.tasks.lm.rollout.openai_client import server_rollouts
 
-    if env.endpoint is None:
-        raise ValueError(
-            f"experiment {exp.name} generates with rollout backend openai_server, but the rollout environment names no "
-            "server: set RolloutEnvironment(base_url=...) (or DAGSTER_RL_ROLLOUT_URL), e.g. http://vllm:8000/v1"
-        )
-    return ServerRollouts(env.endpoint, env.limits)
+    return server_rollouts(exp, env)
 
 
 def _in_process(exp: LMExperiment, env: TrainerEnv) -> LMTrainerBackend:

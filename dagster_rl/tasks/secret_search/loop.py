@@ -8,7 +8,7 @@ The tabular update is instant, so steps run one after another (nothing to overla
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from functools import partial
 
@@ -20,7 +20,7 @@ from dagster_rl.core.records import STATS, Rewards, Rollouts, TrialFailed
 from dagster_rl.core.retries import AttemptsExhausted
 from dagster_rl.core.steps import (
     Judged,
-    collect_judgements,
+    judge_as_they_land,
     mean,
     recovered,
     rewards_key,
@@ -203,27 +203,24 @@ def _fan_out(
 ) -> list:
     """Run the trials concurrently and judge each trajectory the moment it lands: one outcome per
     trial (its trajectory, or a TrialFailed); the judgements go into `judged`."""
-    rollout, judge, progress = backends.rollout, backends.judge, backends.progress
-    outcomes: list[Trajectory | TrialFailed] = []
-    with (
-        ThreadPoolExecutor(rollout.limits.max_concurrency) as gen_pool,
-        ThreadPoolExecutor(judge.limits.max_concurrency) as judge_pool,
-    ):
-        gens = {gen_pool.submit(rollout.run, exp, s, start.payload, worlds[s.world_id][1]): s for s in specs}
-        judging, landed = {}, {}
-        for fut in as_completed(gens):
-            progress.generated(step)
-            try:
-                traj = fut.result()
-            except AttemptsExhausted as e:
-                outcomes.append(TrialFailed(trial_id=gens[fut].trial_id, error=str(e)))
-                continue
-            outcomes.append(traj)
-            landed[traj.trial_id] = traj
-            judging[judge_pool.submit(judge.judge, exp, traj)] = traj.trial_id
-        for outcome in collect_judgements(judging, lambda n: progress.judged(step, n)):
-            judged.add(landed[outcome.trial_id], outcome)
-    return outcomes
+    rollout, progress = backends.rollout, backends.progress
+
+    def generate(on_done: Callable[[Trajectory], None]) -> list[Trajectory | TrialFailed]:
+        outcomes: list[Trajectory | TrialFailed] = []
+        with ThreadPoolExecutor(rollout.limits.max_concurrency) as gen_pool:
+            gens = {gen_pool.submit(rollout.run, exp, s, start.payload, worlds[s.world_id][1]): s for s in specs}
+            for fut in as_completed(gens):
+                progress.generated(step)
+                try:
+                    traj = fut.result()
+                except AttemptsExhausted as e:
+                    outcomes.append(TrialFailed(trial_id=gens[fut].trial_id, error=str(e)))
+                    continue
+                outcomes.append(traj)
+                on_done(traj)
+        return outcomes
+
+    return judge_as_they_land(exp, backends.judge, judged, generate, done=lambda n: progress.judged(step, n))
 
 
 def _rollouts_key(exp: Exp, step: int, behavior: Weights, worlds: Worlds) -> str:

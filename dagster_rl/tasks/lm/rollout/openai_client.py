@@ -7,7 +7,8 @@
   the model's generation config cannot change what is sampled), `logprobs: 0` and
   `return_tokens_as_token_ids`, so the completion comes back as token ids with each sampled token's
   log-probability. Requests go out `max_concurrency` at a time over one pooled HTTP client; each
-  trial has its own retries and time limit, and a trial that still fails is skipped.
+  trial has its own retries and time limit, and a trial that still fails is skipped. Each rollout
+  is handed to the loop (`on_done`) as its request completes, so it is judged while others generate.
 - The behavior weights are served as their own adapter, `<experiment>-v<version>`, read from the
   weights' artifact folder (or a copy under the endpoint's `adapter_dir`). The name comes from the
   weights record, never from a counter of this process, so a resumed or retried run loads the
@@ -24,7 +25,7 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.core.faults import maybe_fail
 from dagster_rl.core.records import TrialFailed
 from dagster_rl.core.retries import AttemptsExhausted, Limits, describe, with_retries
-from dagster_rl.core.task import Endpoint, Weights
+from dagster_rl.core.task import Endpoint, RolloutEnv, Weights
 from dagster_rl.inference.http_json import EndpointError
 from dagster_rl.inference.vllm_client import ServerReplyError, ServerSampling, VLLMClient
 from dagster_rl.store import nofollow
@@ -70,6 +71,16 @@ def local_folder(uri: str) -> str:
     return path
 
 
+def server_rollouts(exp: LMExperiment, env: RolloutEnv) -> "ServerRollouts":
+    """The backend over the rollout environment's server; an error naming the setting when it names none."""
+    if env.endpoint is None:
+        raise ValueError(
+            f"experiment {exp.name} generates with rollout backend openai_server, but the rollout environment names no "
+            "server: set RolloutEnvironment(base_url=...) (or DAGSTER_RL_ROLLOUT_URL), e.g. http://vllm:8000/v1"
+        )
+    return ServerRollouts(env.endpoint, env.limits)
+
+
 @dataclass
 class ServerRollouts:
     endpoint: Endpoint
@@ -98,13 +109,17 @@ class ServerRollouts:
             return self._tokenizers[base_model]
 
     def generate(
-        self, exp: LMExperiment, requests: Sequence[RolloutRequest], behavior: Weights[Checkpoint], template: str
+        self,
+        exp: LMExperiment,
+        requests: Sequence[RolloutRequest],
+        behavior: Weights[Checkpoint],
+        template: str,
+        on_done: Callable[[LMRollout], None] | None = None,
     ) -> list[LMRollout | TrialFailed]:
-        """One outcome per request, in order: its rollout, or how it failed after its retries."""
+        """One outcome per request, in order: its rollout, or how it failed after its retries.
+        `on_done(rollout)` as each trial's request completes, from the thread that sent it."""
         tok, vocab = self.tokenizer(exp.policy.base_model)
-        if self.endpoint.start is not None:
-            self.endpoint.start([self.adapter_root(behavior)])
-        name = self.serve(exp, behavior)
+        name = self.ready(exp, behavior)
         if requests:
             self.check_logprobs_mode(name, encode_prompt(tok, requests[0].item, template), vocab)
         s = exp.sampling
@@ -130,12 +145,22 @@ class ServerRollouts:
                 )
 
             try:
-                return with_retries(f"trial {r.trial_id}", attempt, self.limits.max_retries, self.limits.timeout_s)
+                rollout = with_retries(f"trial {r.trial_id}", attempt, self.limits.max_retries, self.limits.timeout_s)
             except AttemptsExhausted as e:
                 return TrialFailed(trial_id=r.trial_id, error=describe(e.errors[-1]))
+            if on_done is not None:
+                on_done(rollout)
+            return rollout
 
         with ThreadPoolExecutor(self.limits.max_concurrency, "rollout") as pool:
             return list(pool.map(trial, requests))
+
+    def ready(self, exp: LMExperiment, behavior: Weights[Checkpoint]) -> str:
+        """The server started (when the rollout environment manages one) and serving the behavior
+        weights: the adapter name a request of this step names as its model."""
+        if self.endpoint.start is not None:
+            self.endpoint.start([self.adapter_root(behavior)])
+        return self.serve(exp, behavior)
 
     def check_logprobs_mode(self, model: str, prompt_ids: list[int], vocab: int) -> None:
         """Refuse a server that reports raw log-probabilities (vLLM's default `--logprobs-mode
