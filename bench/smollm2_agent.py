@@ -12,7 +12,7 @@ instance with a fresh artifact store, in this process, and prints from the mater
   (`train_s`) and of its held-out evaluation (`eval_s`, in a thread beside the next step), with the
   sampled success, mean turns and GRPO groups with a signal.
 
-    .venv/bin/python bench/smollm2_agent.py                          # defaults: 4 steps of 4 worlds x 4 trials (13-15 min, 2 busy cores)
+    .venv/bin/python bench/smollm2_agent.py                          # defaults: 4 steps of 4 worlds x 4 trials (9-15 min on 2 busy cores)
     .venv/bin/python bench/smollm2_agent.py --steps 20 --worlds 8 --samples 8 --eval 64   # a longer run (a GPU's size)
     .venv/bin/python bench/smollm2_agent.py --warmup-steps 0          # GRPO from the base model alone
     .venv/bin/python bench/smollm2_agent.py --set '{"grpo": {"learning_rate": 0.002}}'    # any setting, one level deep
@@ -92,15 +92,17 @@ def print_tables(raw: dict, result: dict, load_before: float) -> None:
     for s in steps:
         print(f"| after step {int(s)} | {evaluation[s]['success']:.3f} | {evaluation[s]['mean_turns']:.2f} |")
 
-    print("\nper step (seconds; judge s is part of rollout s, and its hidden part was judged while other episodes played)")
     print(
-        "| step | rollout s | judge s (hidden) | train s | eval s | sampled success | sampled mean turns | mean reward | groups with signal |"
+        "\nper step (seconds; the judge's milliseconds are part of the rollout's, its hidden part judged while other episodes played)"
+    )
+    print(
+        "| step | rollout s | judge ms (hidden) | train s | eval s | sampled success | sampled mean turns | mean reward | groups with signal |"
     )
     print("| --- " * 9 + "|")
     for s in steps:
         w = weights[s]
         print(
-            f"| {int(s)} | {w['generate_s']:.1f} | {w['judge_s']:.2f} ({w['judge_hidden_s']:.2f}) | {w['train_s']:.1f} | "
+            f"| {int(s)} | {w['generate_s']:.1f} | {1000 * w['judge_s']:.2f} ({1000 * w['judge_hidden_s']:.2f}) | {w['train_s']:.1f} | "
             f"{evaluation[s]['eval_s']:.1f} | {w['success_rate']:.3f} | {w['mean_turns']:.2f} | {w['mean_reward']:.3f} | "
             f"{w['groups_with_signal']:.0f}/{raw['prompts_per_step']} |"
         )
