@@ -50,9 +50,10 @@ def settings(name: str, seed: int, overrides: dict) -> dict:
     return raw
 
 
-def run_one(name: str, seed: int, overrides: dict, n_steps: int | None) -> dict:
-    """One run through the driver in this process: the warm-up's and every step's metadata."""
-    import torch
+def train_through_driver(raw: dict, assets: tuple[str, ...]) -> tuple[float, dict[str, dict]]:
+    """Experiment `raw` (an experiment file's settings) trained through the driver: its `<exp>_train` job over
+    all its steps on an ephemeral instance with a fresh artifact store, in this process. Its wall seconds, and
+    each of `assets`' materializations' metadata by partition (None: an unpartitioned asset's, `sft`)."""
     import yaml
     from dagster import AssetKey, DagsterInstance
 
@@ -61,6 +62,8 @@ def run_one(name: str, seed: int, overrides: dict, n_steps: int | None) -> dict:
     from dagster_rl.core.experiment_files import load_experiments
     from resources import ArtifactStoreResource
 
+    name = raw["name"]
+
     def metadata(instance: DagsterInstance, asset: str) -> dict:
         records = instance.fetch_materializations(AssetKey([name, asset]), limit=10_000, ascending=True).records
         return {
@@ -68,9 +71,6 @@ def run_one(name: str, seed: int, overrides: dict, n_steps: int | None) -> dict:
         }
 
     with tempfile.TemporaryDirectory(prefix=f"curve-{name}-") as tmp:
-        raw = settings(name, seed, overrides)
-        if n_steps is not None:
-            raw["n_steps"] = n_steps
         (Path(tmp) / "experiments").mkdir()
         (Path(tmp) / "experiments" / f"{name}.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
         exp = load_experiments(Path(tmp) / "experiments")[name]
@@ -82,15 +82,21 @@ def run_one(name: str, seed: int, overrides: dict, n_steps: int | None) -> dict:
         quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the table, not the run's event log
         with DagsterInstance.ephemeral() as instance:
             t0 = time.perf_counter()
-            assert (
-                defs.resolve_job_def(f"{name}_train").execute_in_process(instance=instance, tags=tags, run_config=quiet).success
-            )
-            wall = time.perf_counter() - t0
-            sft, evaluation, weights = (
-                metadata(instance, "sft")[None],
-                metadata(instance, "evaluation"),
-                metadata(instance, "weights"),
-            )
+            done = defs.resolve_job_def(f"{name}_train").execute_in_process(instance=instance, tags=tags, run_config=quiet)
+            if not done.success:
+                raise SystemExit(f"the {name}_train run failed; its events are above")
+            return time.perf_counter() - t0, {asset: metadata(instance, asset) for asset in assets}
+
+
+def run_one(name: str, seed: int, overrides: dict, n_steps: int | None) -> dict:
+    """One run through the driver in this process: the warm-up's and every step's metadata."""
+    import torch
+
+    raw = settings(name, seed, overrides)
+    if n_steps is not None:
+        raw["n_steps"] = n_steps
+    wall, found = train_through_driver(raw, ("sft", "evaluation", "weights"))
+    sft, evaluation, weights = found["sft"][None], found["evaluation"], found["weights"]
     steps = sorted(evaluation)
     return {
         "experiment": name,

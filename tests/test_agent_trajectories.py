@@ -7,7 +7,9 @@
 - with observations masked out, the trainer's log-probs of the sampled tokens are the ones of the
   whole sequence's forward at those positions, and the sampler's log-probs of every turn agree with
   them (the on_policy check covers every turn);
-- the trainer's batch file carries trajectories and completions alike (what torchrun workers read).
+- the trainer's batch file carries trajectories and completions alike (what torchrun workers read);
+- `instructions` put the tools' description ahead of the first observation (off: today's text and keys), and
+  SmolLM2's ChatML template (a default system turn, eos == pad) frames a trajectory as it writes the conversation.
 """
 
 import copy
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from dagster_rl.core.experiment_files import parse_experiment
 from dagster_rl.tasks.agent.chat import ChatTurns
@@ -26,7 +29,7 @@ from dagster_rl.tasks.agent.grading import AgentGrading
 from dagster_rl.tasks.agent.judge import AgentRubric, judge
 from dagster_rl.tasks.agent.records import AgentTrajectory
 from dagster_rl.tasks.agent.rollout_hf import run_episodes
-from dagster_rl.tasks.agent.text_world import SPEC, Contents, SecretSearchTextSettings
+from dagster_rl.tasks.agent.text_world import INSTRUCTIONS, SPEC, Contents, SecretSearchTextSettings
 from dagster_rl.tasks.agent.tiny import agent_tokenizer
 from dagster_rl.tasks.lm.model.logprobs import pack, packed_logprobs
 from dagster_rl.tasks.lm.model.policy import ADAPTER, checkpoint_bytes, make_optimizer
@@ -222,3 +225,35 @@ def test_the_trainers_batch_file_carries_trajectories_and_completions(tiny_dir, 
     assert [type(r).__name__ for r in read.rollouts] == ["LMRollout", "LMRollout", "AgentTrajectory"]
     assert [type(r).__name__ for r in read.rewards] == ["LMReward", "LMReward", "AgentReward"]
     assert read == batch and copy.deepcopy(read.rollouts[-1]) == trajectory
+
+
+def test_instructions_head_the_first_observation_only_when_asked(tmp_path):
+    plain = SPEC.make(WORLD, World("e0", 5), 0, tmp_path)
+    contents = Contents(WORLD, World("e0", 5))
+    assert plain.reset() == f"find {contents.clue}\ndocs: {' '.join(contents.titles)}"
+    assert "instructions" not in WORLD.model_dump(mode="json")  # off: every key that holds the settings is as without it
+    told = WORLD.model_copy(update={"instructions": True})
+    assert told.model_dump(mode="json")["instructions"] is True
+    assert SPEC.make(told, World("e0", 5), 0, tmp_path).reset() == f"{INSTRUCTIONS}\n\n{plain.reset()}"
+
+
+def test_smollm2s_chat_template_frames_a_trajectory_as_it_writes_the_conversation(smollm2_dir, tmp_path):
+    """ChatML with a default system turn, and eos == pad == <|im_end|>: the ids of a trajectory grown turn by
+    turn are the ids of the conversation as the tokenizer's own template writes it."""
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    chat = ChatTurns.of(tok)
+    assert chat.eos_id == tok.pad_token_id == 2 and tok.decode(chat.turn_end) == "<|im_end|>\n"
+    told = WORLD.model_copy(update={"instructions": True})
+    episode = Episode(request(0), SPEC, told, chat, max_turns=3, timeout_s=60, sandbox_root=tmp_path)
+    contents = Contents(told, World(request(0).world_id, request(0).world_seed))
+    action = [*tok(f"open {contents.clue}", add_special_tokens=False)["input_ids"], chat.eos_id]
+    episode.advance(action, [0.0] * len(action), "stop")
+    conversation = [
+        {"role": "user", "content": episode.first_observation},
+        {"role": "assistant", "content": f"open {contents.clue}"},
+        {"role": "user", "content": f"digest {contents.digest}"},
+    ]
+    text = tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    assert text.startswith("<|im_start|>system\n") and INSTRUCTIONS in text
+    assert episode.ids == tok(text, add_special_tokens=False)["input_ids"]
+    episode.close()

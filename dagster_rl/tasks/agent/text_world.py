@@ -14,6 +14,9 @@ The agent acts in plain text, one action a turn:
     next               the same for the next document of the list (browsing from the top)
     answer <digest>    ends the episode (`answered`); it succeeded when the digest is the secret's
 
+With `instructions` on (for a pretrained model that was never shown the tools), the first
+observation starts with `INSTRUCTIONS`: the task, the three actions and a worked example.
+
 Anything else (another verb, a title that is not listed, `next` past the end of the list, an empty
 action) ends the episode as `bad_action`. Opening a document again is allowed (it costs a turn). The skill generalizes to
 worlds never trained on: open the document the clue names first, then copy its digest exactly.
@@ -50,6 +53,15 @@ TITLES = (
     "report", "letter", "receipt", "contract", "manual", "agenda", "journal", "catalog", "diary", "atlas", "permit", "census",
 )  # fmt: skip
 HEX = "0123456789ABCDEF"
+INSTRUCTIONS = """Search the documents for the secret digest. Reply with one action only, one of:
+open <title>
+next
+answer <digest>
+Example:
+user: find memo / docs: budget memo
+assistant: open memo
+user: digest 12AB
+assistant: answer 12AB"""  # the first observation's head with `instructions` on
 VERBS = ("find", "docs", "open", "next", "answer", "digest", "nothing")  # the words the environment writes or reads
 
 
@@ -91,6 +103,12 @@ class SecretSearchTextSettings(EnvironmentSettings):
         return self
 
     digest_chars: int = Field(6, ge=1, le=64, description="upper-case hex characters of the secret's digest the agent must copy")
+    instructions: bool = Field(
+        False,
+        exclude_if=lambda on: not on,  # off, the settings (and every key holding them) read as they do without the field
+        description="the first observation starts with a short description of the task and of the three actions "
+        "(`INSTRUCTIONS`): for a pretrained model that was never shown the tools; off, a warm-up on demonstrations teaches them",
+    )
 
 
 class Contents:
@@ -121,9 +139,11 @@ class SecretSearchText:
         self.opened: list[str] = []
         self.browsed = 0  # documents `next` has opened: it opens titles[browsed]
         self.answer: str | None = None
+        self.instructions = settings.instructions
 
     def reset(self) -> str:
-        return f"find {self.world.clue}\ndocs: {' '.join(self.world.titles)}"
+        observation = f"find {self.world.clue}\ndocs: {' '.join(self.world.titles)}"
+        return f"{INSTRUCTIONS}\n\n{observation}" if self.instructions else observation
 
     def step(self, action: str) -> Outcome:
         verb, _, argument = action.strip().partition(" ")
