@@ -240,21 +240,28 @@ def _seed_span(seeds: dict[str, int]) -> str:
 
 
 def print_trial(trial) -> None:
-    """A trial of a lineage: its reward, then each turn's action, tool call and observation (a
-    single-turn rollout: its completion), with the tokens the model sampled and their log-probability."""
+    """A trial of a lineage: its reward, then each turn's action and observation with the tokens the
+    model sampled and their log-probability (a multi-turn trajectory), its completion (a single-turn
+    one), or its record as stored (a task whose trials hold no tokens)."""
     t, r = trial.trajectory, trial.reward
-    verdict = "skipped (judging failed)" if r is None else f"reward {r['reward']:.3f}, {'correct' if r['correct'] else 'wrong'}"
+    if r is None:
+        verdict = "skipped (judging failed)"
+    else:
+        verdict = f"reward {r['reward']:.3f}" + (f", {'correct' if r['correct'] else 'wrong'}" if "correct" in r else "")
     print(f"trial {trial.trial_id} (step {step_key(trial.step)}, seed {trial.seed}): {verdict}")
-    mask, logps = t.get("completion_mask") or [1] * len(t["completion_token_ids"]), t["sampling_logprobs"]
-    for i, turn in enumerate(t.get("turns") or []):
-        first = sum(mask[: turn["action_start"]])
-        sampled = sum(mask[turn["action_start"] : turn["action_end"]])
-        seen = "" if turn["observation"] == "" else f" -> {turn['observation']!r}"
-        print(
-            f"  turn {i + 1}: {turn['action']!r} ({sampled} tokens, log-prob {sum(logps[first : first + sampled]):.2f}, "
-            f"{turn['finish_reason']}){seen}"
-        )
-    if not t.get("turns"):
-        print(f"  completion: {t.get('completion_text')!r} ({len(logps)} tokens, log-prob {sum(logps):.2f})")
-    if t.get("end_reason"):
+    turns, logps = t.get("turns"), t.get("sampling_logprobs")
+    if isinstance(turns, list) and logps is not None:
+        mask = t["completion_mask"]
+        for i, turn in enumerate(turns):
+            first = sum(mask[: turn["action_start"]])
+            sampled = sum(mask[turn["action_start"] : turn["action_end"]])
+            seen = "" if turn["observation"] == "" else f" -> {turn['observation']!r}"
+            print(
+                f"  turn {i + 1}: {turn['action']!r} ({sampled} tokens, log-prob {sum(logps[first : first + sampled]):.2f}, "
+                f"{turn['finish_reason']}){seen}"
+            )
         print(f"  ended: {t['end_reason']}")
+    elif logps is not None:
+        print(f"  completion: {t.get('completion_text')!r} ({len(logps)} tokens, log-prob {sum(logps):.2f})")
+    else:
+        print(f"  {json.dumps({k: v for k, v in t.items() if k != 'trial_id'})}")

@@ -45,6 +45,10 @@ def test_lineage_walks_every_behavior_policy_back_to_step_0(uninterrupted, monke
     main(["lineage", "demo", "1"])
     text = capsys.readouterr().out
     assert "step 0001  weights v2" in text and "<- behavior policy: weights initial v0" in text
+    main(["lineage", "demo", "1", "--trial", "s1-p0-n0"])  # a trial of a task whose records hold no tokens
+    last = capsys.readouterr().out.splitlines()[-2:]
+    assert last[0].startswith("trial s1-p0-n0 (step 0001, seed ") and ": reward " in last[0]
+    assert json.loads(last[1])["world_id"] and "trial_id" not in json.loads(last[1])
 
 
 IMPORTED = """import sys

@@ -103,6 +103,11 @@ def test_lineage_of_a_language_model_checkpoint(on_policy, monkeypatch, capsys):
     assert [s["step"] for s in chain] == [3, 2, 1, 0]
     assert [s["weights_version"] for s in chain] == [4, 3, 2, 1]
     assert chain[0]["rubric"]["name"] == "accuracy_format" and len(chain[0]["seeds"]) == 64
+    main(["lineage", "tiny_grpo", "3", "--trial", "s3-p0-n0", "--json"])  # that trial alone: its completion and reward
+    trial = json.loads(capsys.readouterr().out)
+    assert trial["step"] == 3 and trial["trajectory"]["trial_id"] == "s3-p0-n0" and trial["reward"]["trial_id"] == "s3-p0-n0"
+    main(["lineage", "tiny_grpo", "3", "--trial", "s3-p0-n0"])
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"  completion: {trial['trajectory']['completion_text']!r}")
 
 
 def test_status_of_a_language_model_shows_its_warm_up_and_held_out_accuracy(on_policy, monkeypatch, capsys):
