@@ -18,7 +18,6 @@ from dagster_rl.core.strict import Strict
 from dagster_rl.tasks.agent.environment import EnvironmentSettings, World, environment_of
 from dagster_rl.tasks.agent.judge import AgentRubric
 from dagster_rl.tasks.agent.text_world import SecretSearchTextSettings
-from dagster_rl.tasks.agent.warmup import AgentWarmupSettings
 from dagster_rl.tasks.lm.experiment import LMExperiment, engine_cache_inputs
 from dagster_rl.tasks.lm.settings import SamplingSettings
 
@@ -84,6 +83,25 @@ class AgentRolloutSettings(Strict):
 
     def cache_inputs(self) -> dict[str, str]:
         return engine_cache_inputs(self.backend)
+
+
+class AgentWarmupSettings(Strict):
+    """Supervised fine-tuning of the adapter on demonstrations before step 0 (the `<exp>/sft` asset)."""
+
+    demos: int = Field(512, ge=1, le=1_000_000, description="demonstrations, each on a world of its own")
+    steps: int = Field(200, ge=1, le=1_000_000, description="optimizer steps")
+    batch_size: int = Field(16, ge=1, le=65_536, description="demonstrations per step")
+    learning_rate: float = Field(3e-3, gt=0.0, le=bounds.MAX_LEARNING_RATE, description="AdamW's, on the adapter")
+    max_grad_norm: float = Field(
+        1.0, gt=0.0, le=bounds.MAX_GRAD_NORM, description="the gradient's global norm is clipped to this"
+    )
+    max_turns: int | None = Field(
+        None,
+        ge=1,
+        le=bounds.MAX_TURNS,
+        description="the demonstrations' turn budget (a demonstration that does not succeed within it is drawn again); "
+        "None: the episodes' (task.episode.max_turns). Larger: demonstrations longer than an episode may be",
+    )
 
 
 class AgentExperiment(LMExperiment):

@@ -19,38 +19,16 @@ same bytes in every run on a machine. The adapter's version stays 0: versions co
 import random
 from pathlib import Path
 
-from pydantic import Field
-
-from dagster_rl.core import bounds
 from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.core.hashing import seed_of
 from dagster_rl.core.records import Record
-from dagster_rl.core.strict import Strict
 from dagster_rl.tasks.agent.chat import ChatTurns
 from dagster_rl.tasks.agent.environment import EnvironmentSettings, World, environment_of
 from dagster_rl.tasks.agent.episode import Episode
+from dagster_rl.tasks.agent.experiment import AgentWarmupSettings
 from dagster_rl.tasks.agent.records import EpisodeRequest
 from dagster_rl.tasks.lm.model.policy import Policy, checkpoint_bytes
 from dagster_rl.tasks.lm.train.warmup import Example, fit
-
-
-class AgentWarmupSettings(Strict):
-    """Supervised fine-tuning of the adapter on demonstrations before step 0 (the `<exp>/sft` asset)."""
-
-    demos: int = Field(512, ge=1, le=1_000_000, description="demonstrations, each on a world of its own")
-    steps: int = Field(200, ge=1, le=1_000_000, description="optimizer steps")
-    batch_size: int = Field(16, ge=1, le=65_536, description="demonstrations per step")
-    learning_rate: float = Field(3e-3, gt=0.0, le=bounds.MAX_LEARNING_RATE, description="AdamW's, on the adapter")
-    max_grad_norm: float = Field(
-        1.0, gt=0.0, le=bounds.MAX_GRAD_NORM, description="the gradient's global norm is clipped to this"
-    )
-    max_turns: int | None = Field(
-        None,
-        ge=1,
-        le=bounds.MAX_TURNS,
-        description="the demonstrations' turn budget (a demonstration that does not succeed within it is drawn again); "
-        "None: the episodes' (task.episode.max_turns). Larger: demonstrations longer than an episode may be",
-    )
 
 
 class AgentWarmupStats(Record):
