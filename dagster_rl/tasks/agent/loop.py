@@ -172,8 +172,8 @@ class AgentLoop(LMLoop):
                 skipped=failed,
             )
 
-        key = self._rollouts_key(exp, step, behavior)
-        rollouts = trial_set(store, "rollouts", key, Rollouts[AgentTrajectory], list(requests), run, make, warn)
+        complete_key = self._rollouts_key(exp, step, behavior)
+        rollouts = trial_set(store, "rollouts", complete_key, Rollouts[AgentTrajectory], list(requests), run, make, warn)
         if rollouts.hit:
             progress.generated(step, len(requests))
         key = rewards_key(CODE_VERSIONS["rewards"], judge, rollouts.ref, rubric=exp.rubric, max_turns=exp.task.episode.max_turns)
@@ -184,7 +184,7 @@ class AgentLoop(LMLoop):
         return Generated(
             rollouts.value,
             rollouts.ref,
-            self._rollouts_key(exp, step, behavior),
+            complete_key,
             rewards.value,
             rewards.ref,
             cache={"rollouts": rollouts.cache, "rewards": rewards.cache},
