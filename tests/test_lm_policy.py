@@ -14,7 +14,7 @@ from dagster_rl.tasks.lm.model.policy import (
     read_state,
     save_checkpoint,
 )
-from dagster_rl.tasks.lm.model.tiny import tiny_model
+from dagster_rl.tasks.lm.model.tiny import save_tiny_model, tiny_model
 from dagster_rl.tasks.lm.train.trainer import build_samples, train_step
 from tests.lm_fixtures import GRPO, fresh_policy, step_batch
 
@@ -29,6 +29,23 @@ def test_tiny_model_is_a_normal_hf_folder(tiny_dir):
     assert model.config.num_hidden_layers == 2 and model.config.hidden_size == 64
     same = tiny_model(seed=0).state_dict()
     assert all(torch.equal(v, same[k]) for k, v in model.state_dict().items())
+
+
+def test_the_agent_base_with_output_gain_is_the_agent_model_with_its_final_norm_at_8(tmp_path):
+    """`tiny-qwen2-agent-gain8` (tiny_agent's base) is `tiny-qwen2-agent` but for the final norm's
+    weight, 8: logits of its lm_head as drawn reach ~20 instead of ~2.5 (what an adapter that leaves
+    lm_head alone needs to sample confidently), as a folder a server loads."""
+    folder = save_tiny_model(tmp_path / "gain8", builtin="tiny-qwen2-agent-gain8")
+    gained = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    plain = tiny_model(builtin="tiny-qwen2-agent").state_dict()
+    assert gained.keys() == plain.keys()
+    assert [k for k in plain if not torch.equal(plain[k], gained[k])] == ["model.norm.weight"]
+    assert torch.equal(gained["model.norm.weight"], torch.full_like(plain["model.norm.weight"], 8.0))
+    reach = {
+        k: float(m["lm_head.weight"].norm(dim=1).max() * m["model.norm.weight"].abs().max()) * 128**0.5
+        for k, m in (("plain", plain), ("gain8", gained))
+    }
+    assert reach["plain"] < 3.5 and reach["gain8"] > 20, reach  # the largest logit a unit-RMS hidden state can reach
 
 
 def test_initial_policy_is_the_base(tiny_dir):

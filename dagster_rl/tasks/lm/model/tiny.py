@@ -15,6 +15,7 @@ Built-in models, by name (`builtin:<name>`; what a name builds never changes, si
 the folder by name): `tiny-qwen2` (the 68-token vocabulary above, hidden 64, 2 layers, no chat
 template), `tiny-qwen2-agent` for the text environments of `dagster_rl.tasks.agent` (`tasks.agent.tiny`: every
 byte, each word of the `secret_search` text world one token, ChatML; hidden 128 with 4 heads, 2 layers),
+`tiny-qwen2-agent-gain8` (the same, with the final norm's weight 8 instead of 1: see `Builtin.output_gain`),
 `tiny-qwen2-gsm8k` for the GSM8K-format word problems of `tasks.lm.data.word_problems`: every
 byte plus each word of their vocabulary as one token, ChatML special tokens and a chat template
 (`<|im_start|>user ... <|im_end|>`, eos `<|im_end|>`), hidden 64, 2 layers; and `tiny-qwen2-vllm`,
@@ -121,14 +122,23 @@ QWEN25_INSTRUCT_SAMPLING = {"do_sample": True, "temperature": 0.7, "top_p": 0.8,
 
 @dataclass(frozen=True)
 class Builtin:
-    """A model built in code: its tokenizer, its size, the seed of its random weights, and the
-    sampling defaults its generation_config.json carries (None: transformers' own file)."""
+    """A model built in code: its tokenizer, its size, the seed of its random weights, the
+    sampling defaults its generation_config.json carries (None: transformers' own file), and the
+    weight of its final norm.
+
+    `output_gain`: logits are the final norm's output (RMS 1 per unit of gain, ~11 over hidden 128)
+    against lm_head's rows as drawn (std 0.02, norm ~0.23), so at gain 1 no hidden state reaches a
+    logit above ~2.5: over the agent's ~400 tokens a policy that cannot adapt lm_head (vLLM's LoRA
+    adapts the attention and MLP projections only) stays near uniform when sampled, whatever it
+    learns. At gain 8 the reach is ~20 (measured: `tiny_agent`'s sampled episodes went from 1 turn, a
+    bad action, to 2.7 turns after the warm-up; docs/agents.md)."""
 
     tokenizer: Callable[[], Qwen2Tokenizer]
     seed: int = 0
     hidden: int = 64
     layers: int = 2
     generation: dict | None = None
+    output_gain: float = 1.0  # the final norm's weight: how far the logits of lm_head as drawn reach
 
 
 def _agent_tokenizer() -> Qwen2Tokenizer:
@@ -142,6 +152,7 @@ BUILTINS = {
     "tiny-qwen2-gsm8k": Builtin(gsm8k_tokenizer),
     "tiny-qwen2-vllm": Builtin(tiny_tokenizer, hidden=128, generation=QWEN25_INSTRUCT_SAMPLING),
     "tiny-qwen2-agent": Builtin(_agent_tokenizer, hidden=128),
+    "tiny-qwen2-agent-gain8": Builtin(_agent_tokenizer, hidden=128, output_gain=8.0),
 }
 
 
@@ -153,6 +164,9 @@ def tiny_model(seed: int = 0, builtin: str = "tiny-qwen2") -> PreTrainedModel:
     with building(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        if spec.output_gain != 1.0:
+            with torch.no_grad():
+                model.model.norm.weight.fill_(spec.output_gain)
     return model.eval()
 
 
