@@ -10,9 +10,10 @@ from dagster_rl.core.experiment import step_key
 from dagster_rl.core.records import Rewards, Rollouts
 from dagster_rl.tasks.agent.records import AgentReward, AgentTrajectory
 from dagster_rl.tasks.lm.model.tiny import IM_START
+from tests.lm_fixtures import ON_POLICY_ROUNDING
 from tests.settings import shipped_settings
 
-AGENT_LAST, AGENT_RISE, AGENT_FALL = 4, 0.3, 0.3  # see test_held_out_success_rises_and_turns_fall_after_the_warm_up
+AGENT_LAST, AGENT_RISE, AGENT_FALL = 4, 0.4, 0.5  # see test_held_out_success_rises_and_turns_fall_after_the_warm_up
 STEPS = [step_key(i) for i in range(shipped_settings("tiny_agent")["n_steps"])]
 
 
@@ -66,25 +67,28 @@ def test_trajectories_are_token_sequences_with_their_turns(curve):
         assert r.reward == pytest.approx(
             (1.0 + (exp.task.episode.max_turns - r.turns + 1) / exp.task.episode.max_turns) if r.correct else 0.0
         )
-    # every turn of every step sampled by the policy the trainer scores, within the float32 check's tolerance (1e-3),
-    # not the tiny models' ON_POLICY_ROUNDING: 8.5e-4 measured at step 0002 of this seed (native kernels), after the
-    # policy has learned; likely larger logits (an adapted lm_head, divided by temperature 0.7), not broken down
+    # every turn of every step sampled by the policy the trainer scores, to float32 rounding (the tiny models'
+    # ON_POLICY_ROUNDING, 1e-4; the check's own bound is 1e-3): at most 1.8e-5 measured over the 12 steps
+    devs = {}
     for step in STEPS:
         md = curve.latest("tiny_agent", "weights", step)
-        assert md["policy_lag"] == 0.0 and md["logp_max_dev"] < exp.on_policy_tolerance[0], (step, md["logp_max_dev"])
+        devs[step] = md["logp_max_dev"]
+        assert md["policy_lag"] == 0.0 and md["logp_max_dev"] < ON_POLICY_ROUNDING, (step, md["logp_max_dev"])
+    print(f"\nlogp_max_dev per step (hf, in process): {', '.join(f'{d:.1e}' for d in devs.values())}")
     assert all(e.passed for e in curve.check_evaluations("tiny_agent", "on_policy"))
 
 
 @pytest.mark.numerics
 def test_held_out_success_rises_and_turns_fall_after_the_warm_up(curve, record_property):
     """Greedy episodes on 64 held-out worlds no step trains on: over the last 4 of the shipped 12 steps,
-    success is at least 0.3 above the warm-up's and mean turns at least 0.3 below, on every CPU kernel
+    success is at least 0.4 above the warm-up's and mean turns at least 0.5 below, on every CPU kernel
     setting.
 
-    Measured with bench/agent_curves.py (docs/agents.md): the shipped seed (2) rose by 0.684 (native
-    AVX-512), 0.688 (avx2) and 0.688 (default) and its mean turns fell by 0.676, 0.859 and 0.859: the
-    margins are far below those and far above the noise of a mean of 4 evaluations of 64 worlds. Over
-    seeds 0-2, 6 of the 9 runs learn; the other 3 stay at the warm-up's level (no margin holds for them)."""
+    Measured with bench/agent_curves.py (docs/agents.md) over seeds 0-2 on the three kernel settings:
+    all 9 runs learn, rises of 0.516-0.727 and falls of 0.746-0.875 turns; the shipped seed (2) is the
+    lowest of the three seeds (0.516 native AVX-512, 0.535 avx2 and default; falls 0.746-0.750). The
+    margins sit below the weakest of the 9 runs and far above the noise of a mean of 4 evaluations of
+    64 worlds (the warm-up's own success is 0.23-0.31, what browsing within 3 turns gives)."""
     sft = curve.latest("tiny_agent", "sft", None)
     success = [curve.latest("tiny_agent", "evaluation", s)["success"] for s in STEPS]
     turns = [curve.latest("tiny_agent", "evaluation", s)["mean_turns"] for s in STEPS]

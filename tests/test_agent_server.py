@@ -1,6 +1,7 @@
 """The agent's rollout backend `openai_server`: multi-turn episodes played as one completion request
 per turn, token ids in and out, against `dagster-rl serve` of the built-in agent model and against a
-real vLLM (the CPU build, `make vllm`) serving the same model from a folder:
+real vLLM (the CPU build, `make vllm`) serving the same model from a folder, and the shipped
+`tiny_agent` trained through the driver on a real vLLM:
 
 - every turn's sampled ids are in the trajectory exactly as the server returned them, between the
   first prompt and the observations' ids (nothing decoded and re-encoded);
@@ -24,7 +25,7 @@ import torch
 from pydantic import ValidationError
 
 from dagster_rl.core.hashing import cache_key, seed_of
-from dagster_rl.core.records import TrialFailed
+from dagster_rl.core.records import Rollouts, TrialFailed
 from dagster_rl.core.retries import Limits
 from dagster_rl.core.task import Endpoint, RolloutEnv, Weights, task_of
 from dagster_rl.store.artifact_store import ArtifactRef, ArtifactStore
@@ -161,7 +162,7 @@ def deviations(exp: AgentExperiment, weights: Weights[Checkpoint], trajectories:
             masks=[t.completion_mask for t in trajectories],
         )
         trained = packed_logprobs(policy.model, batch)
-    worst = [0.0] * MAX_TURNS
+    worst = [0.0] * max(len(t.turns) for t in trajectories)
     for i, t in enumerate(trajectories):
         dev = (trained[i][batch.completion_mask[i]] - torch.tensor(t.sampling_logprobs)).abs().tolist()
         at = 0
@@ -234,3 +235,52 @@ def test_episodes_through_a_real_vllm_are_on_policy_at_every_turn(tmp_path_facto
     max_abs, _ = exp.on_policy_tolerance
     print(f"\nvLLM, {len(trajectories)} episodes x {MAX_TURNS} turns: max |dlogp| per turn {worst} (on_policy bound {max_abs})")
     assert max(worst) <= max_abs, worst
+
+
+def test_tiny_agent_through_the_driver_on_a_real_vllm_is_on_policy_at_every_turn(tmp_path_factory):
+    """The shipped `tiny_agent` (its warm-up, then 2 GRPO steps of 16 worlds x 8 trials) with rollout
+    backend `openai_server` on a real vLLM serving its base model from a folder: every step's episodes
+    are played turn by turn by vLLM with the step's adapter (the warm-up's, then the update's), and the
+    trainer's log-prob of every sampled id of every turn is vLLM's, within the float32 check's bound."""
+    require_vllm()
+    from tests.harness import failure_message, new_dagster_home, open_lab
+    from tests.settings import write_experiments
+
+    base = shipped_settings("tiny_agent")["policy"]["base_model"].removeprefix("builtin:")
+    folder = save_tiny_model(tmp_path_factory.mktemp("vllm-tiny-agent") / base, builtin=base)
+    raw = shipped_settings("tiny_agent", n_steps=2, policy={"base_model": str(folder)}, rollout={"backend": "openai_server"})
+    home = new_dagster_home(tmp_path_factory.mktemp("vllm-tiny-agent-run") / "home")
+    steps = ["0000", "0001"]
+    with started_vllm(folder, max_lora_rank=raw["policy"]["lora"]["rank"]) as vllm:
+        lab = open_lab(home, write_experiments(home / "experiments", raw), rollout=vllm.shared())
+        try:
+            result = lab.run("tiny_agent", steps[0], steps[-1], raise_on_error=False)
+            assert result.success, failure_message(result)
+            exp, store = lab.experiments["tiny_agent"], lab.store()
+            rollouts = {
+                s: store.get_model("rollouts", lab.latest("tiny_agent", "rollouts", s)["artifact_key"], Rollouts[AgentTrajectory])
+                for s in steps
+            }
+            served = [f"tiny_agent-v{rollouts[s].behavior_policy['version']}" for s in steps]
+            log = vllm.log()
+            per_turn = {}
+            for s in steps:
+                behavior = rollouts[s].behavior_policy
+                weights = AgentLoop().load_weights(exp, store, str(behavior["partition"]), str(behavior["key"]))
+                per_turn[s] = deviations(exp, weights, rollouts[s].trajectories)
+            md = {s: lab.latest("tiny_agent", "weights", s) for s in steps}
+            checks = lab.check_evaluations("tiny_agent", "on_policy")
+        finally:
+            lab.close()
+    max_abs, _ = exp.on_policy_tolerance
+    devs = [md[s]["logp_max_dev"] for s in steps]
+    print(f"\ntiny_agent on vLLM: max |dlogp| per turn {per_turn}; logp_max_dev per step {devs}")
+    assert [rollouts[s].behavior_policy["partition"] for s in steps] == ["sft", "0000"]
+    assert served == ["tiny_agent-v0", "tiny_agent-v1"]
+    assert all(f"Loaded new LoRA adapter: name '{name}'" in log for name in served)  # each version served as a vLLM adapter
+    for s in steps:
+        turns = [len(t.turns) for t in rollouts[s].trajectories]
+        assert len(turns) == exp.n_trials_planned and max(turns) >= 2, (s, turns)  # episodes of several turns
+        assert md[s]["policy_lag"] == 0.0 and md[s]["logp_max_dev"] <= max_abs, (s, md[s]["logp_max_dev"])
+        assert max(per_turn[s]) <= max_abs, (s, per_turn[s])
+    assert len(checks) == len(steps) and all(e.passed for e in checks)

@@ -76,14 +76,16 @@ class RealVLLM:
 
 
 @contextmanager
-def started_vllm(model: Path) -> Iterator[RealVLLM]:
-    """A real vLLM serving the model folder `model`, started and stopped by a rollout environment."""
+def started_vllm(model: Path, max_lora_rank: int = 8) -> Iterator[RealVLLM]:
+    """A real vLLM serving the model folder `model` (adapters up to `max_lora_rank`), started and
+    stopped by a rollout environment."""
     from dagster_rl.inference.server_process import vllm_cpu_command
     from resources import RolloutEnvironment
 
     python = require_vllm()
     port = free_port()
-    command = vllm_cpu_command(str(model), port, python=python, generation_config=None)  # vLLM's default: the folder's
+    # generation_config None: vLLM's default, the folder's sampling defaults (the requests must override them)
+    command = vllm_cpu_command(str(model), port, python=python, generation_config=None, max_lora_rank=max_lora_rank)
     env = RolloutEnvironment(
         base_url=f"http://127.0.0.1:{port}/v1", server_command=command, server_startup_timeout_s=STARTUP_TIMEOUT_S
     )
