@@ -42,7 +42,7 @@ def test_the_agent_base_with_output_gain_is_the_agent_model_with_its_final_norm_
     assert [k for k in plain if not torch.equal(plain[k], gained[k])] == ["model.norm.weight"]
     assert torch.equal(gained["model.norm.weight"], torch.full_like(plain["model.norm.weight"], 8.0))
     reach = {
-        k: float(m["lm_head.weight"].norm(dim=1).max() * m["model.norm.weight"].abs().max()) * 128**0.5
+        k: float(m["lm_head.weight"].norm(dim=1).max() * m["model.norm.weight"].abs().max()) * m["lm_head.weight"].shape[1] ** 0.5
         for k, m in (("plain", plain), ("gain8", gained))
     }
     assert reach["plain"] < 3.5 and reach["gain8"] > 20, reach  # the largest logit a unit-RMS hidden state can reach
