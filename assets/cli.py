@@ -1,7 +1,7 @@
 """`dagster-rl`: train an experiment's steps, and what the Dagster CLI does not say directly, read
 from the Dagster instance and the artifact store ($DAGSTER_HOME/artifacts unless `--artifacts`
-names another fsspec URL); and the subcommands tasks add (`dagster-rl serve`: a model over vLLM's
-OpenAI-compatible API).
+names another fsspec URL); `dagster-rl sandbox run FILE` (a file run in the agents' sandbox); and the
+subcommands tasks add (`dagster-rl serve`: a model over vLLM's OpenAI-compatible API).
 
 `train` runs a range of steps as one run of the experiment's `<exp>_train` job of the workspace's
 code location (in this process: no daemon needed; the UI shows it as a run it launched), after
@@ -30,6 +30,7 @@ from assets.run_tags import RESUME
 from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.core.experiment import step_key
 from dagster_rl.core.task import BUILTIN_TASKS, task_of
+from dagster_rl.sandbox import cli as sandbox_cli
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -145,6 +146,9 @@ def main(argv: list[str] | None = None) -> None:
         "--repair", action="store_true", help="move each bad artifact to the store's quarantine (nothing is deleted)"
     )
     verify.set_defaults(fn=cmd_verify)
+    sandbox = sub.add_parser("sandbox", help="run a file in the sandbox the agents' tools use (`sandbox run FILE`)")
+    sandbox_cli.add_arguments(sandbox)
+    sandbox.set_defaults(fn=sandbox_cli.run)
     for kind in BUILTIN_TASKS:  # the tasks' own subcommands (the language models' `serve`)
         for name, command in task_of(kind).commands.items():
             cmd = sub.add_parser(name, help=command.help)

@@ -75,6 +75,17 @@ class Call(Record):
             parts.append(f"[{ending}]")
         return "\n".join(parts)
 
+    def details(self, limits_cpu_s: float | None = None) -> list[str]:
+        """How it ended, for a person: the ending when it is not a plain exit, then the exit status
+        or the signal (`["Timeout after 5 s", "signal SIGXCPU"]`)."""
+        ending = self.ending(limits_cpu_s)
+        shown = [ending] if ending and not ending.startswith("exit status") else []
+        if self.exit_status is not None:
+            shown.append(f"exit status {self.exit_status}")
+        elif self.signal:
+            shown.append(f"signal {signal.Signals(self.signal).name}")
+        return shown
+
     def ending(self, limits_cpu_s: float | None = None) -> str:
         """`Timeout after 5 s`, `exit status 1`, ...: how it ended, or "" for an exit with status 0."""
         if self.outcome == "exit":

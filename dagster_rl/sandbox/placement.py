@@ -21,7 +21,7 @@ from dagster_rl.sandbox.limits import SandboxLimits
 
 
 class Workspace(Protocol):
-    def write(self, name: str, data: bytes) -> None:
+    def write(self, name: str, data: bytes, mode: int = 0o644) -> None:
         """Put a file (a plain name, or a relative path of plain names) where the programs see it."""
 
     def run(self, program: Program, limits: SandboxLimits) -> Call:
