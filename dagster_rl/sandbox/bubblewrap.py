@@ -195,10 +195,13 @@ class BubblewrapWorkspace:
         seconds = time.monotonic() - started
         lines = [json.loads(line) for line in report.splitlines() if line.strip()]
         if not lines:  # the launcher never ran: bubblewrap could not make the sandbox
-            raise SandboxUnavailable(
-                f"bubblewrap could not make a sandbox (exit status {proc.returncode}): "
-                f"{err.data.decode(errors='replace').strip()[-2000:]}"
-            )
+            said = err.data.decode(errors="replace").strip()[-2000:]
+            if "source path" in said and "Permission denied" in said and root:
+                said += (
+                    f" (sandboxes run as uid {s.uid}, which must be able to enter every folder above {self.folder}: "
+                    "choose a sandbox root under /tmp, or `chmod o+x` the folders above it)"
+                )
+            raise SandboxUnavailable(f"bubblewrap could not make a sandbox (exit status {proc.returncode}): {said}")
         ending: dict = next((x for x in lines if "exit" in x or "signal" in x), {})
         exec_error = next((x["exec_error"] for x in lines if "exec_error" in x), None)
         stderr = err.text() + (f"{exec_error}\n" if exec_error else "")
@@ -238,6 +241,8 @@ class BubblewrapWorkspace:
             "--bind",
             str(self.folder),
             WORK,
+            "--remount-ro",  # the sandbox's own root (a tmpfs bubblewrap made): nothing can be written there
+            "/",
             "--chdir",
             WORK,
             "--clearenv",
