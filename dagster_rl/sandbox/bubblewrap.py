@@ -29,7 +29,6 @@ import errno
 import fcntl
 import json
 import os
-import re
 import secrets
 import selectors
 import shutil
@@ -45,20 +44,10 @@ from dagster_rl.sandbox.calls import Call, CallOutcome, Program, SandboxUnavaila
 from dagster_rl.sandbox.folders import owner_folder, remove_orphans, remove_tree
 from dagster_rl.sandbox.launcher import SOURCE, rlimits
 from dagster_rl.sandbox.limits import SandboxLimits
+from dagster_rl.sandbox.outcomes import ENV, WORK, Bounded, call_record, check_file_name, plain
 
 INSTALL = "install bubblewrap (Debian and Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install bubblewrap`)"
 TMP_MB = 16  # the private /tmp, in memory
-WORK = "/work"  # where a program sees its episode's folder
-NAME = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
-ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "HOME": WORK,
-    "TMPDIR": "/tmp",
-    "LANG": "C.UTF-8",
-    "PYTHONHASHSEED": "0",  # the same program prints the same set in the same order, every time
-    "PYTHONUNBUFFERED": "1",  # what a program printed before a limit stopped it is kept
-    "PYTHONDONTWRITEBYTECODE": "1",
-}
 
 
 @dataclass
@@ -102,7 +91,7 @@ class BubblewrapSandboxes:
         if not hasattr(self, "_orphans_removed"):
             remove_orphans(self.root)  # the folders of processes killed before they could remove theirs
             self._orphans_removed = True
-        folder = owner_folder(self.root) / f"{_plain(label)}-{secrets.token_hex(4)}"
+        folder = owner_folder(self.root) / f"{plain(label)}-{secrets.token_hex(4)}"
         folder.mkdir(mode=0o700)
         if os.geteuid() == 0:
             os.chown(folder, self.uid, self.uid)
@@ -112,10 +101,6 @@ class BubblewrapSandboxes:
 def default_root() -> Path:
     """Where episode folders lie unless the sandbox environment names another root."""
     return Path(tempfile.gettempdir()) / "dagster_rl_sandboxes"
-
-
-def _plain(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", label)[:64] or "episode"
 
 
 @dataclass
@@ -135,9 +120,7 @@ class BubblewrapWorkspace:
 
     def write(self, name: str, data: bytes, mode: int = 0o644) -> None:
         """A file where the programs see it (`name`: plain names only, never `..`)."""
-        if not NAME.match(name) or ".." in name.split("/"):
-            raise ValueError(f"{name!r} is not a file name in a workspace: plain names (letters, digits, _ . -) and /")
-        path = self.folder / name
+        path = self.folder / check_file_name(name)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
         with os.fdopen(fd, "wb") as f:
@@ -202,23 +185,9 @@ class BubblewrapWorkspace:
                     "choose a sandbox root under /tmp, or `chmod o+x` the folders above it)"
                 )
             raise SandboxUnavailable(f"bubblewrap could not make a sandbox (exit status {proc.returncode}): {said}")
-        ending: dict = next((x for x in lines if "exit" in x or "signal" in x), {})
-        exec_error = next((x["exec_error"] for x in lines if "exec_error" in x), None)
-        stderr = err.text() + (f"{exec_error}\n" if exec_error else "")
-        outcome = stopped or _outcome(ending, stderr, limits)
-        if outcome == "exit" and _folder_bytes(self.folder) > limits.folder_mb << 20:
-            outcome = "disk_limit"
+        call = call_record(out, err, lines, stopped, limits, seconds, lambda: _folder_bytes(self.folder))
         self.calls += 1
-        return Call(
-            stdout=out.text(),
-            stderr=stderr,
-            stdout_cut=out.cut,
-            stderr_cut=err.cut,
-            exit_status=ending.get("exit"),
-            signal=ending.get("signal"),
-            outcome=outcome,
-            seconds=round(seconds, 6),
-        )
+        return call
 
     def _bwrap(self) -> list[str]:
         s = self.sandboxes
@@ -267,30 +236,13 @@ def _system_binds(python: str) -> list[str]:
     return binds
 
 
-class _Stream:
-    """The first `limit` bytes of a stream, and how many came after."""
-
-    def __init__(self, limit: int):
-        self.limit, self.data, self.cut = limit, bytearray(), 0
-
-    def add(self, chunk: bytes) -> bool:
-        """Keep what fits; True when the stream went past its limit."""
-        room = self.limit - len(self.data)
-        self.data += chunk[: max(room, 0)]
-        self.cut += max(len(chunk) - max(room, 0), 0)
-        return self.cut > 0
-
-    def text(self) -> str:
-        return self.data.decode("utf-8", errors="replace")
-
-
 def _communicate(
     proc: subprocess.Popen, report_fd: int, stdin: bytes, limits: SandboxLimits
-) -> tuple[_Stream, _Stream, str, CallOutcome | None]:
+) -> tuple[Bounded, Bounded, str, CallOutcome | None]:
     """Feed stdin, read stdout, stderr and the launcher's report until all close, or until a limit
     stops the sandbox: (stdout, stderr, report, the outcome of a stop, or None)."""
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    out, err, report = _Stream(limits.output_bytes), _Stream(limits.output_bytes), bytearray()
+    out, err, report = Bounded(limits.output_bytes), Bounded(limits.output_bytes), bytearray()
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ, out)
     sel.register(proc.stderr, selectors.EVENT_READ, err)
@@ -347,23 +299,6 @@ def _stop(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def _outcome(ending: dict, stderr: str, limits: SandboxLimits) -> CallOutcome:
-    """Why a program that was not stopped from outside ended."""
-    last = next((line for line in reversed(stderr.splitlines()) if line.strip()), "")
-    if "signal" in ending:
-        sig = ending["signal"]
-        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and ending.get("cpu_s", 0.0) >= limits.cpu_s):
-            return "timeout"
-        if sig == signal.SIGXFSZ:
-            return "file_size"
-        return "killed"
-    if ending.get("exit", 0) != 0 and last.startswith("MemoryError"):
-        return "memory"
-    if ending.get("exit", 0) != 0 and "[Errno 27] File too large" in last:
-        return "file_size"
-    return "exit"
 
 
 def _folder_bytes(folder: Path) -> int:
