@@ -36,7 +36,9 @@ RUN_SA="$(printf '%s' "$CONTEXT" | sed -n 's/.*"service_account_name": *"\([^"]*
 echo "runs and steps run as: $RUN_SA"
 missing=""
 for check in "create services" "patch services" "delete services" "create jobs.batch" "get jobs.batch" "list jobs.batch" \
-             "delete jobs.batch" "get jobs.batch/status" "list pods" "delete pods" "get pods/log"; do
+             "delete jobs.batch" "get jobs.batch/status" "list pods" "delete pods" "get pods/log" \
+             "create networkpolicies.networking.k8s.io" "patch networkpolicies.networking.k8s.io" \
+             "delete networkpolicies.networking.k8s.io" "create pods" "get pods" "create pods/exec"; do
   # shellcheck disable=SC2086 # "verb resource" splits into its two words on purpose
   if [ "$(kubectl auth can-i $check -n "$NAMESPACE" --as="system:serviceaccount:$NAMESPACE:$RUN_SA" 2>/dev/null)" != "yes" ]; then
     missing="$missing
@@ -46,7 +48,7 @@ done
 if [ -n "$missing" ]; then
   cat >&2 <<EOF
 smoke-test: the runs' service account $NAMESPACE/$RUN_SA may not:$missing
-Every trainer step would fail with HTTP 403. Fix:
+Every trainer step (and every sandbox pod) would fail with HTTP 403. Fix:
   - set global.serviceAccountName: dagster-rl in deploy/helm/values.yaml (the runs then run as the
     account deploy/k8s/rbac.yaml binds) and helm upgrade the release; or bind $RUN_SA instead;
   - kubectl -n $NAMESPACE apply -f deploy/k8s/rbac.yaml
@@ -54,6 +56,7 @@ EOF
   exit 1
 fi
 k get serviceaccount dagster-rl-trainer >/dev/null || { echo "smoke-test: no service account dagster-rl-trainer for the trainer pods: kubectl -n $NAMESPACE apply -f deploy/k8s/rbac.yaml" >&2; exit 1; }
+k get serviceaccount dagster-rl-sandbox >/dev/null || { echo "smoke-test: no service account dagster-rl-sandbox for the sandbox pods: kubectl -n $NAMESPACE apply -f deploy/k8s/sandbox.yaml" >&2; exit 1; }
 
 echo "== the smoke experiment, on the shared volume; the code location reloads"
 POD="$(k get pod -l "deployment=$LOCATION" -o jsonpath='{.items[0].metadata.name}')"

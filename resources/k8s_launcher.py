@@ -50,6 +50,7 @@ from dagster_rl.runtime.k8s_manifests import (
     headless_service,
     indexed_job,
     job_name,
+    job_network_policy,
     owned_by,
 )
 from dagster_rl.runtime.pods import PodJob
@@ -125,6 +126,10 @@ class PipesK8sJobLauncher(ConfigurableResource):
     def kubernetes_client(self, pipes: PipesK8sClient) -> DagsterKubernetesClient:
         pipes._load_k8s_config()  # dagster-k8s's own config loading (in-cluster or kubeconfig)
         return DagsterKubernetesClient.production_client()
+
+    def networking_api(self, client: DagsterKubernetesClient) -> Any:
+        """The NetworkingV1Api, on the same connection as dagster-k8s's client."""
+        return kubernetes.client.NetworkingV1Api(client.core_api.api_client)
 
     # ---- the launch ---------------------------------------------------------------------------
     def cluster(self) -> ClusterSettings:
@@ -209,11 +214,15 @@ class PipesK8sJobLauncher(ConfigurableResource):
         return PipesClientCompletedInvocation(session)
 
     def _create(self, client: DagsterKubernetesClient, ns: str, name: str, job: dict, service: dict) -> None:
-        """The Service, then the Job (dagster-k8s's creation with retries: transient API errors are
-        retried, and a 409 after a retry means an earlier attempt went through), then the Service
-        owned by the Job."""
+        """The Job's NetworkPolicy (before any of its pods exists) and Service, then the Job
+        (dagster-k8s's creation with retries: transient API errors are retried, and a 409 after a
+        retry means an earlier attempt went through), then the policy and the Service owned by the Job."""
         wait = self.poll_interval_s
+        networking = self.networking_api(client)
         try:
+            k8s_api_retry_creation_mutation(
+                lambda: networking.create_namespaced_network_policy(ns, job_network_policy(job)), max_retries=3, timeout=wait
+            )
             k8s_api_retry_creation_mutation(
                 lambda: client.core_api.create_namespaced_service(ns, service), max_retries=3, timeout=wait
             )
@@ -224,9 +233,12 @@ class PipesK8sJobLauncher(ConfigurableResource):
                 k8s_api_retry(
                     lambda: client.core_api.patch_namespaced_service(name, ns, owned_by(job, uid)), max_retries=3, timeout=wait
                 )
+                k8s_api_retry(
+                    lambda: networking.patch_namespaced_network_policy(name, ns, owned_by(job, uid)), max_retries=3, timeout=wait
+                )
         except (DagsterK8sAPIRetryLimitExceeded, DagsterK8sUnrecoverableAPIError) as e:
             raise DagsterRLError(
-                f"cannot create the trainer's Job and Service {ns}/{name}: {_api_error(e.k8s_api_exception)}"
+                f"cannot create the trainer's Job, Service and NetworkPolicy {ns}/{name}: {_api_error(e.k8s_api_exception)}"
             ) from None
 
     def _pod0(self, context, client: DagsterKubernetesClient, ns: str, name: str) -> str:
@@ -251,10 +263,11 @@ class PipesK8sJobLauncher(ConfigurableResource):
             time.sleep(self.poll_interval_s)
 
     def _cleanup(self, context, client: DagsterKubernetesClient, ns: str, name: str) -> None:
-        """Delete the Job with its pods, and the Service; never masks the error being raised."""
+        """Delete the Job with its pods, the Service and the NetworkPolicy; never masks the error being raised."""
         for what, delete in (
             ("Job", lambda: client.delete_job(name, ns)),
             ("Service", lambda: client.core_api.delete_namespaced_service(name, ns)),
+            ("NetworkPolicy", lambda: self.networking_api(client).delete_namespaced_network_policy(name, ns)),
         ):
             try:
                 delete()
@@ -440,7 +453,8 @@ def _api_error(error: BaseException) -> str:
         said += (
             ". The driver runs as the service account of the run's pods, the chart's global.serviceAccountName "
             "(deploy/helm/values.yaml); deploy/k8s/rbac.yaml binds that account to the Role it needs (create/get/list/"
-            "patch/delete on jobs and services, get/list/delete on pods, get on pods/log): kubectl apply -f deploy/k8s/rbac.yaml "
+            "patch/delete on jobs and services, create/patch/delete on networkpolicies, get/list/delete on pods, get on "
+            "pods/log): kubectl apply -f deploy/k8s/rbac.yaml "
             "in the release's namespace, and check with deploy/smoke-test.sh"
         )
     return said

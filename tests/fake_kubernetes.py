@@ -17,7 +17,9 @@ processes. It is not Kubernetes; it plays the parts the launcher depends on:
   kills its pods when it passes, whether or not anyone reads the Job;
 - RBAC, when given `rbac=(account, rules)`: every call is authorized against the rules of the Role
   bound to that account (403 Forbidden otherwise, worded as the API server words it);
-- plain Jobs too (the `k8s_job_executor`'s step Jobs: one pod, command and args from the container).
+- plain Jobs too (the `k8s_job_executor`'s step Jobs: one pod, command and args from the container);
+- standalone pods (the sandbox tier's) and their pods/exec websocket (`tests.fake_pods`): `.pods`,
+  and `exec_api()`, a CoreV1Api whose execs reach them (RBAC enforced there too).
 
 Hooks for failure tests: `crash` = {(job number, pod index)} runs a failing command in those pods;
 `stalled_logs` = {pod index}: a followed log of such a pod never ends, even after its container
@@ -49,6 +51,8 @@ import kubernetes_validate
 from kubernetes.client import (
     ApiClient,
     ApiException,
+    Configuration,
+    CoreV1Api,
     V1Container,
     V1ContainerState,
     V1ContainerStateRunning,
@@ -67,6 +71,7 @@ from dagster_rl.runtime.k8s_manifests import INDEX_LABEL, expand
 from dagster_rl.runtime.lifetime import children
 from dagster_rl.runtime.pods import MASTER_ADDR, MASTER_PORT
 from tests import REPO
+from tests.fake_pods import StandalonePods
 from tests.machine import free_port
 
 K8S_VERSION = "1.33.0"
@@ -98,10 +103,15 @@ PERMISSION = {
     "create_namespaced_service": ("", "services", "create"),
     "patch_namespaced_service": ("", "services", "patch"),
     "delete_namespaced_service": ("", "services", "delete"),
+    "create_namespaced_pod": ("", "pods", "create"),
+    "read_namespaced_pod": ("", "pods", "get"),
     "list_namespaced_pod": ("", "pods", "list"),
     "read_namespaced_pod_log": ("", "pods/log", "get"),
     "delete_namespaced_pod": ("", "pods", "delete"),
     "list_namespaced_event": ("", "events", "list"),
+    "create_namespaced_network_policy": ("networking.k8s.io", "networkpolicies", "create"),
+    "patch_namespaced_network_policy": ("networking.k8s.io", "networkpolicies", "patch"),
+    "delete_namespaced_network_policy": ("networking.k8s.io", "networkpolicies", "delete"),
 }
 
 
@@ -207,6 +217,7 @@ class FakeKubernetes:
         self.stalled_logs: set[int] = set()
         self.jobs: dict[tuple[str, str], FakeJob] = {}
         self.services: dict[tuple[str, str], dict[str, Any]] = {}
+        self.network_policies: dict[tuple[str, str], dict[str, Any]] = {}
         self.deleted_pods: list[FakePod] = []
         self.orphans: dict[tuple[str, str], FakePod] = {}  # pods of deleted Jobs, not deleted yet
         self.calls: list[tuple[str, str]] = []  # (verb, object name), in order
@@ -214,14 +225,33 @@ class FakeKubernetes:
         self.on_job_status: Callable[[str], None] | None = None
         self.on_log_follow: Callable[[str], None] | None = None
         self.extra_path = extra_path
+        self.pods = StandalonePods(validate, self._denial)
         self._numbers = itertools.count()
         self._lock = threading.RLock()
         self._closed = threading.Event()
         self.batch = SimpleNamespace(
             **{name: self._authorized(name) for name in PERMISSION if name.endswith("_job") or "_job_" in name}
         )
-        self.core = SimpleNamespace(**{name: self._authorized(name) for name in PERMISSION if name not in vars(self.batch)})
+        self.networking = SimpleNamespace(**{name: self._authorized(name) for name in PERMISSION if "network_policy" in name})
+        self.core = SimpleNamespace(
+            **{
+                name: self._authorized(name)
+                for name in PERMISSION
+                if name not in vars(self.batch) and "network_policy" not in name
+            }
+        )
         threading.Thread(target=self._job_controller, name="fake-job-controller", daemon=True).start()
+
+    def _denial(self, namespace: str, group: str, resource: str, verb: str) -> str:
+        """Why RBAC refuses the call ("" when it allows it), worded as the API server words it."""
+        if self.rbac is None or allows(self.rbac[1], group, resource, verb):
+            return ""
+        self.denied.append((group, resource, verb))
+        return json.loads(_forbidden(self.rbac[0], namespace, group, resource, verb).body)["message"]
+
+    def exec_api(self) -> CoreV1Api:
+        """A CoreV1Api (its own ApiClient) whose `connect_get_namespaced_pod_exec` reaches the pods."""
+        return CoreV1Api(ApiClient(Configuration(host=self.pods.exec_url())))
 
     def _authorized(self, name: str) -> Callable:
         """The API server's authorization in front of a call: RBAC against the caller's Role."""
@@ -242,21 +272,25 @@ class FakeKubernetes:
 
     # ---- what is left ----------------------------------------------------------------------------
     def objects(self) -> dict[str, list[str]]:
-        """The Jobs, Services and pods that still exist."""
+        """The Jobs, Services, NetworkPolicies and pods that still exist."""
         with self._lock:
             return {
                 "jobs": [n for (_, n) in self.jobs],
                 "services": [n for (_, n) in self.services],
-                "pods": [p.name for j in self.jobs.values() for p in j.pods] + [n for (_, n) in self.orphans],
+                "networkpolicies": [n for (_, n) in self.network_policies],
+                "pods": [p.name for j in self.jobs.values() for p in j.pods]
+                + [n for (_, n) in self.orphans]
+                + [n for (_, n) in self.pods.pods],
             }
 
     def running_processes(self) -> list[str]:
         with self._lock:
             pods = [p for j in self.jobs.values() for p in j.pods] + list(self.orphans.values()) + self.deleted_pods
-            return [p.name for p in pods if p.proc is not None and p.proc.poll() is None]
+            return [p.name for p in pods if p.proc is not None and p.proc.poll() is None] + self.pods.running()
 
     def close(self) -> None:
         self._closed.set()
+        self.pods.close()
         with self._lock:
             for pod in [p for j in self.jobs.values() for p in j.pods] + list(self.orphans.values()) + self.deleted_pods:
                 self._kill(pod)
@@ -289,6 +323,27 @@ class FakeKubernetes:
         with self._lock:
             self.calls.append(("delete", f"service/{name}"))
             if self.services.pop((namespace, name), None) is None:
+                raise ApiException(status=404, reason="NotFound")
+
+    # ---- network policies ---------------------------------------------------------------------
+    def create_namespaced_network_policy(self, namespace: str, body: dict, **_: Any) -> dict:
+        with self._lock:
+            name = self._admit("networkpolicy", namespace, body, self.network_policies)
+            self.network_policies[(namespace, name)] = body
+        return body
+
+    def patch_namespaced_network_policy(self, name: str, namespace: str, body: dict, **_: Any) -> dict:
+        with self._lock:
+            self.calls.append(("patch", f"networkpolicy/{name}"))
+            policy = self.network_policies[(namespace, name)]
+            policy["metadata"].update(body["metadata"])
+            validate(policy)
+            return policy
+
+    def delete_namespaced_network_policy(self, name: str, namespace: str, **_: Any) -> None:
+        with self._lock:
+            self.calls.append(("delete", f"networkpolicy/{name}"))
+            if self.network_policies.pop((namespace, name), None) is None:
                 raise ApiException(status=404, reason="NotFound")
 
     # ---- jobs ----------------------------------------------------------------------------------
@@ -371,13 +426,26 @@ class FakeKubernetes:
             for job in self.jobs.values():
                 self._status(job)
             pods = [p for p in self._all_pods(namespace) if (not name or p.name == name) and _selects(selector, p.labels)]
-            return SimpleNamespace(items=[p.model() for p in pods])
+            alone = [p for p in self.pods.in_namespace(namespace) if (not name or p.name == name)]
+            alone_models = [self.pods.read(namespace, p.name) for p in alone]
+            return SimpleNamespace(
+                items=[p.model() for p in pods] + [m for m in alone_models if _selects(selector, m.metadata.labels or {})]
+            )
+
+    def create_namespaced_pod(self, namespace: str, body: dict, **_: Any) -> V1Pod:
+        self.calls.append(("create", f"pod/{body['metadata']['name']}"))
+        return self.pods.create(namespace, body)
+
+    def read_namespaced_pod(self, name: str, namespace: str, **_: Any) -> V1Pod:
+        return self.pods.read(namespace, name)
 
     def delete_namespaced_pod(self, name: str, namespace: str, **_: Any) -> None:
         with self._lock:
             self.calls.append(("delete", f"pod/{name}"))
             pod = self.orphans.pop((namespace, name), None)
             if pod is None:
+                if self.pods.delete(namespace, name):
+                    return
                 raise ApiException(status=404, reason="NotFound")
             self._kill(pod)
             self.deleted_pods.append(pod)

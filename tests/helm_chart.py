@@ -115,6 +115,9 @@ def container_context(values: dict[str, Any], release: str, namespace: str, depl
         "namespace": namespace,
         "service_account_name": user_deployments_service_account(values, release),
     }
+    secrets = [s["name"] for s in deployment.get("envSecrets") or [] if "name" in s]
+    if secrets:  # the same template: `env_secrets`, the names in `envSecrets` (read at 031a3e8c)
+        k8s["env_secrets"] = secrets
     for key, field in (
         ("volumeMounts", "volume_mounts"),
         ("volumes", "volumes"),

@@ -1,9 +1,10 @@
-"""Every Kubernetes object of the deployment: the manifests in deploy/, the Job and Service the
-trainer's launcher creates, the driver's step pod, and the pod the Helm values give the code
-location, all valid for Kubernetes 1.33 (kubernetes-validate, strict), with the rules across
-fields that schemas cannot check: the Service is the pods' subdomain, pod 0's address is
-<job>-0.<service>, names fit their limits; and the service account the chart gives the run and
-step pods (tests/helm_chart.py, through dagster-k8s's own code) is the one deploy/k8s/rbac.yaml binds."""
+"""Every Kubernetes object of the deployment: the manifests in deploy/, the Job, Service and
+NetworkPolicy the trainer's launcher creates, a sandbox pod, the driver's step pod, and the pod the
+Helm values give the code location, all valid for Kubernetes 1.33 (kubernetes-validate, strict),
+with the rules across fields that schemas cannot check: the Service is the pods' subdomain, pod 0's
+address is <job>-0.<service>, names fit their limits; the service account the chart gives the run
+and step pods (tests/helm_chart.py, through dagster-k8s's own code) is the one deploy/k8s/rbac.yaml
+binds; and the NetworkPolicies let each tier be reached by the pods that must reach it, and no other."""
 
 import copy
 import os
@@ -38,8 +39,10 @@ from dagster_rl.runtime.k8s_manifests import (
     headless_service,
     indexed_job,
     job_name,
+    job_network_policy,
 )
 from dagster_rl.runtime.pods import COMPLETION_INDEX, MASTER_ADDR, MASTER_PORT, PodJob, PodResources
+from dagster_rl.sandbox.pod_manifest import Owner, PodSandboxSettings, sandbox_pod
 from dagster_rl.tasks.lm.backends import LMTrainer
 from tests import REPO, helm_chart
 from tests.fake_kubernetes import allows, validate
@@ -69,9 +72,11 @@ def test_every_manifest_in_deploy_is_valid_for_kubernetes_1_33():
         for p in sorted((REPO / "deploy" / "k8s").glob("*.yaml"))
     }
     assert found == {
-        "deploy/k8s/rbac.yaml": ["ServiceAccount", "Role", "RoleBinding"],
+        "deploy/k8s/rbac.yaml": ["ServiceAccount", "Role", "RoleBinding", "Role", "RoleBinding"],
+        "deploy/k8s/sandbox.yaml": ["ServiceAccount", "NetworkPolicy"],
         "deploy/k8s/storage.yaml": ["PersistentVolumeClaim"],
-        "deploy/k8s/vllm.yaml": ["Deployment", "Service"],
+        "deploy/k8s/trainer.yaml": ["NetworkPolicy"],
+        "deploy/k8s/vllm.yaml": ["Deployment", "Service", "NetworkPolicy"],
     }
     for path in (REPO / "deploy" / "k8s").glob("*.yaml"):
         for doc in documents(path):
@@ -184,6 +189,7 @@ def test_the_helm_values_deploy_the_code_location_the_launcher_and_postgres():
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dagster-rl"},
         "spec": {"serviceAccountName": helm_chart.code_server_service_account(values, RELEASE, code), "volumes": code["volumes"], "containers": [{
             "name": "dagster-rl", "image": env[deployment.K8S_IMAGE], "env": code["env"],
+            "envFrom": [{"secretRef": {"name": s["name"]}} for s in code["envSecrets"]],
             "volumeMounts": code["volumeMounts"], "resources": code["resources"],
         }]},
     }  # fmt: skip
@@ -260,6 +266,12 @@ RELEASE, NAMESPACE, VALUES, bound_rules = helm_chart.RELEASE, helm_chart.NAMESPA
 
 
 def run_and_step_pods(values: dict, monkeypatch) -> tuple[dict, dict]:
+    """The run pod's and the step pod's specs (`run_and_step_templates`)."""
+    run, step = run_and_step_templates(values, monkeypatch)
+    return run["spec"], step["spec"]
+
+
+def run_and_step_templates(values: dict, monkeypatch) -> tuple[dict, dict]:
     """The driver's run pod and step pod as dagster-k8s 0.29.27 builds them on a cluster deployed
     with `values`: the K8sRunLauncher configured as the chart configures it, a run whose code
     origin carries the container context the chart gives the code server, the step of the
@@ -293,7 +305,7 @@ def run_and_step_pods(values: dict, monkeypatch) -> tuple[dict, dict]:
         )  # fmt: skip
         body = kubernetes.client.ApiClient().sanitize_for_serialization(job)
         validate(body)
-        return body["spec"]["template"]["spec"]
+        return body["spec"]["template"]
 
     run_pod = pod(launcher.get_container_context_for_run(run), "dagster-run-5f0c3c1e", "run_worker")
     driver = build_driver(qwen())
@@ -323,6 +335,10 @@ def what_the_driver_cannot_do(values: dict, monkeypatch) -> tuple[str, list[tupl
         ("batch", "jobs", "create"), ("batch", "jobs", "get"), ("batch", "jobs", "list"), ("batch", "jobs", "delete"),
         ("batch", "jobs/status", "get"), ("", "services", "create"), ("", "services", "patch"), ("", "services", "delete"),
         ("", "pods", "list"), ("", "pods", "delete"), ("", "pods/log", "get"),
+        ("networking.k8s.io", "networkpolicies", "create"), ("networking.k8s.io", "networkpolicies", "patch"),
+        ("networking.k8s.io", "networkpolicies", "delete"),
+        # and dagster_rl.sandbox.pods: a pod per episode, execs into it (get: websocket execs before Kubernetes 1.30)
+        ("", "pods", "create"), ("", "pods", "get"), ("", "pods/exec", "create"), ("", "pods/exec", "get"),
     ]  # fmt: skip
     return account, [n for n in needed if not allows(rules, *n)]
 
@@ -391,7 +407,9 @@ elif "exec" in args:
     sys.exit(42)
 """
 SMOKE_CHECKS = ("create services", "patch services", "delete services", "create jobs.batch", "get jobs.batch", "list jobs.batch",
-                "delete jobs.batch", "get jobs.batch/status", "list pods", "delete pods", "get pods/log")  # fmt: skip
+                "delete jobs.batch", "get jobs.batch/status", "list pods", "delete pods", "get pods/log",
+                "create networkpolicies.networking.k8s.io", "patch networkpolicies.networking.k8s.io",
+                "delete networkpolicies.networking.k8s.io", "create pods", "get pods", "create pods/exec")  # fmt: skip
 
 
 def smoke_test_until_exec(values: dict, tmp_path) -> subprocess.CompletedProcess:
@@ -449,3 +467,132 @@ def test_a_trainer_sessions_job_lives_for_the_range():
         "/data/trainer-jobs/dagster-rl-session-x",
     ]
     assert LMTrainer(nproc_per_node=1).pod_job(exp, Path("/x"), step=17, session=0).name == f"{exp.name}-s0017"
+
+
+# ---- the sandbox tier, and who may reach what ----------------------------------------------------------
+def selects(selector: dict, labels: dict) -> bool:
+    """A label selector (matchLabels, matchExpressions) against a pod's labels, as Kubernetes reads it."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        has, value = e["key"] in labels, labels.get(e["key"])
+        ok = {"In": has and value in e.get("values", []), "NotIn": not has or value not in e.get("values", []),
+              "Exists": has, "DoesNotExist": not has}[e["operator"]]  # fmt: skip
+        if not ok:
+            return False
+    return True
+
+
+def admits(policy: dict, labels: dict) -> bool:
+    """Whether an ingress policy lets a pod with `labels` (of the same namespace) in."""
+    return any(
+        any(selects(peer["podSelector"], labels) for peer in rule.get("from", [])) for rule in policy["spec"].get("ingress", [])
+    )
+
+
+def deploy_object(path: str, kind: str, index: int = 0) -> dict:
+    return [d for d in documents(REPO / "deploy" / "k8s" / path) if d["kind"] == kind][index]
+
+
+SANDBOX_OWNER = Owner(
+    id="3d3c9f4e-1b2a-4c5d-8e9f-0a1b2c3d4e5f", pod="dagster-step-0123456789-abcde", uid="3d3c9f4e-1b2a-4c5d-8e9f-0a1b2c3d4e5f"
+)
+
+
+def test_a_sandbox_pod_has_no_token_the_isolation_policys_labels_its_limits_and_runtime_class():
+    settings = PodSandboxSettings(
+        image="registry.example.com/dagster-rl:0.1.0", runtime_class_name="gvisor", host_users=False,
+        node_selector={"dagster-rl/tier": "sandbox"}, tolerations=[{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}],
+        image_pull_secrets=("registry",),
+    )  # fmt: skip
+    pod = sandbox_pod(settings, "drl-sandbox-0123456789ab", "dagster-rl", SANDBOX_OWNER)
+    validate(pod)
+    spec, (container,) = pod["spec"], pod["spec"]["containers"]
+    # no credentials: no token, an account bound to no Role
+    account = deploy_object("sandbox.yaml", "ServiceAccount")
+    assert spec["automountServiceAccountToken"] is False and account["automountServiceAccountToken"] is False
+    assert spec["serviceAccountName"] == account["metadata"]["name"] and bound_rules(account["metadata"]["name"]) == []
+    # the deny-all NetworkPolicy selects it, and allows nothing either way
+    isolation = deploy_object("sandbox.yaml", "NetworkPolicy")["spec"]
+    assert selects(isolation["podSelector"], pod["metadata"]["labels"])
+    assert isolation["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in isolation and "egress" not in isolation
+    # the runtime class, a user of its own, nothing of the node's
+    assert spec["runtimeClassName"] == "gvisor" and spec["hostUsers"] is False
+    assert spec["enableServiceLinks"] is False and not (spec["hostNetwork"] or spec["hostPID"] or spec["hostIPC"])
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 65534
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }  # fmt: skip
+    # the tier's requests and limits (500m CPU, 1 GiB), its folders bounded, its life bounded
+    assert container["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "500m", "memory": "1Gi"}}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[mounts["/work"]]["emptyDir"] == {"medium": "Memory", "sizeLimit": "128Mi"}
+    assert volumes[mounts["/tmp"]]["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Mi"}
+    assert spec["activeDeadlineSeconds"] == 3600 and spec["restartPolicy"] == "Never"
+    assert spec["nodeSelector"] == {"dagster-rl/tier": "sandbox"} and spec["imagePullSecrets"] == [{"name": "registry"}]
+    # found again, and deleted with the driver's pod
+    assert pod["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Pod", "name": SANDBOX_OWNER.pod, "uid": SANDBOX_OWNER.uid, "blockOwnerDeletion": False}
+    ]
+    # the cluster's default runtime, and a disk-backed /work, when asked
+    plain = sandbox_pod(
+        PodSandboxSettings(image="python:3.11-slim", workspace_medium="Disk"), "drl-sandbox-x", "ns", Owner(id="o")
+    )
+    validate(plain)
+    assert (
+        "runtimeClassName" not in plain["spec"]
+        and "hostUsers" not in plain["spec"]
+        and "ownerReferences" not in plain["metadata"]
+    )
+    assert plain["spec"]["volumes"][0]["emptyDir"] == {"sizeLimit": "128Mi"}
+    with pytest.raises(ValueError, match="Kubernetes quantity"):
+        PodSandboxSettings(image="x", memory_limit="lots")
+
+
+def test_each_tier_is_reached_only_by_the_pods_that_must(monkeypatch):
+    """vLLM by the driver's run and step pods (as dagster-k8s labels them), on its port; a trainer Job's
+    pods by each other only; a sandbox pod by nothing; and no policy shuts out the driver."""
+    run, step = (t["metadata"]["labels"] for t in run_and_step_templates(yaml.safe_load(VALUES.read_text()), monkeypatch))
+    spec = PodJob(name="x", nodes=2, command=("true",))
+    job_a, job_b = (indexed_job(spec, CLUSTER, job_name(hint, "r", 0)) for hint in ("a", "b"))
+    trainer_a, trainer_b = (j["spec"]["template"]["metadata"]["labels"] for j in (job_a, job_b))
+    sandbox = sandbox_pod(PodSandboxSettings(image="x"), "drl-sandbox-x", "dagster-rl", SANDBOX_OWNER)["metadata"]["labels"]
+    vllm_deployment = deploy_object("vllm.yaml", "Deployment")
+    vllm = vllm_deployment["spec"]["template"]["metadata"]["labels"]
+
+    to_vllm = deploy_object("vllm.yaml", "NetworkPolicy")
+    assert selects(to_vllm["spec"]["podSelector"], vllm) and to_vllm["spec"]["policyTypes"] == ["Ingress"]
+    assert admits(to_vllm, run) and admits(to_vllm, step)
+    assert not any(admits(to_vllm, labels) for labels in (sandbox, trainer_a, vllm))
+    (port,) = vllm_deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert to_vllm["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": port["containerPort"]}]
+
+    baseline = deploy_object("trainer.yaml", "NetworkPolicy")
+    assert selects(baseline["spec"]["podSelector"], trainer_a) and selects(baseline["spec"]["podSelector"], trainer_b)
+    assert baseline["spec"]["policyTypes"] == ["Ingress"] and "ingress" not in baseline["spec"]
+    own = job_network_policy(job_a)
+    validate(own)
+    assert own["metadata"]["name"] == job_a["metadata"]["name"] and selects(own["spec"]["podSelector"], trainer_a)
+    assert admits(own, trainer_a) and not any(admits(own, labels) for labels in (trainer_b, sandbox, run, step, vllm))
+    assert not selects(own["spec"]["podSelector"], trainer_b)
+
+    isolation = deploy_object("sandbox.yaml", "NetworkPolicy")
+    assert not any(selects(isolation["spec"]["podSelector"], labels) for labels in (run, step, trainer_a, vllm))
+    assert not any(selects(baseline["spec"]["podSelector"], labels) for labels in (run, step, sandbox, vllm))
+
+
+def test_vllm_requires_the_api_key_that_the_driver_sends(monkeypatch):
+    """vLLM takes VLLM_API_KEY from a Secret; the code location takes the same Secret (envSecrets), as
+    the variable the rollout environment reads its key from, and hands it to its run and step pods."""
+    values = yaml.safe_load(VALUES.read_text())
+    (code,) = values["dagster-user-deployments"]["deployments"]
+    env = {e["name"]: e for e in deploy_object("vllm.yaml", "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    key = env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert key["key"] == deployment.ROLLOUT_API_KEY and {"name": key["name"]} in code["envSecrets"]
+    assert "optional" not in key  # no Secret, no server: never an open one
+    run, step = run_and_step_pods(values, monkeypatch)
+    for pod in (run, step):
+        assert {"secretRef": {"name": key["name"]}} in pod["containers"][0]["envFrom"]

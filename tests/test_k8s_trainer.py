@@ -41,6 +41,9 @@ class FakeClusterLauncher(PipesK8sJobLauncher):
         fake = CLUSTER["current"]
         return DagsterKubernetesClient.production_client(batch_api_override=fake.batch, core_api_override=fake.core)
 
+    def networking_api(self, client):
+        return CLUSTER["current"].networking
+
 
 @pytest.fixture
 def cluster():
@@ -60,12 +63,17 @@ def launcher(tmp_path, **kw) -> FakeClusterLauncher:
 
 
 def nothing_left(cluster: FakeKubernetes) -> None:
-    assert cluster.objects() == {"jobs": [], "services": [], "pods": []}
+    assert cluster.objects() == {"jobs": [], "services": [], "networkpolicies": [], "pods": []}
     assert cluster.running_processes() == []
 
 
-# One attempt's objects, from creation to cleanup: the Service, the Job (then owning the Service), its pods.
-WHOLE_LIFECYCLE = ["create service", "create job", "patch service", "delete job", "delete pod", "delete service"]
+# One attempt's objects, from creation to cleanup: its NetworkPolicy (before any pod), the Service, the
+# Job (then owning the Service and the policy), its pods.
+WHOLE_LIFECYCLE = [
+    "create networkpolicy", "create service", "create job", "patch service", "patch networkpolicy",
+    "delete job", "delete pod", "delete service", "delete networkpolicy",
+]  # fmt: skip
+LAST_DELETES = ["delete job", "delete pod", "delete service", "delete networkpolicy"]
 
 
 def lifecycle(calls: list[tuple[str, str]], job: str) -> list[str]:
@@ -214,9 +222,9 @@ def test_a_terminated_run_deletes_its_pods_while_they_run(cluster, tmp_path):
     job = PodJob(name="stopped", nodes=2, command=(sys.executable, "-c", "import time; time.sleep(60)"))
     result, _ = _materialize(job, cluster, tmp_path)
     assert not result.success
-    assert lifecycle(cluster.calls, next(o.split("/", 1)[1] for v, o in cluster.calls if o.startswith("job/")))[-3:] == [
-        "delete job", "delete pod", "delete service",
-    ]  # fmt: skip
+    assert (
+        lifecycle(cluster.calls, next(o.split("/", 1)[1] for v, o in cluster.calls if o.startswith("job/")))[-4:] == LAST_DELETES
+    )
     nothing_left(cluster)
 
 
@@ -311,9 +319,10 @@ SUBCHART_ROLE = [
 
 
 def test_a_driver_without_the_rbac_role_fails_at_once_and_says_what_to_apply(tmp_path):
-    """What the runs met when they ran as the subchart's own account: its Role has no services, the
-    first Service creation is a 403. The step fails at once (no whole-set restarts: retrying cannot
-    grant a permission), naming the account's source and deploy/k8s/rbac.yaml, and leaves nothing."""
+    """What the runs met when they ran as the subchart's own account: its Role has no services (nor
+    networkpolicies), the first creation (the Job's NetworkPolicy) is a 403. The step fails at once
+    (no whole-set restarts: retrying cannot grant a permission), naming the account's source and
+    deploy/k8s/rbac.yaml, and leaves nothing."""
     account = "system:serviceaccount:dagster-rl:dagster-dagster-user-deployments-user-deployments"
     fake = CLUSTER["current"] = FakeKubernetes(rbac=(account, SUBCHART_ROLE))
     try:
@@ -321,9 +330,14 @@ def test_a_driver_without_the_rbac_role_fails_at_once_and_says_what_to_apply(tmp
         result, _ = _materialize(job, fake, tmp_path)
         assert not result.success
         message = failure_message(result)
-        assert "HTTP 403 Forbidden" in message and f'User \\"{account}\\" cannot create resource \\"services\\"' in message
+        assert "HTTP 403 Forbidden" in message
+        assert (
+            f'User \\"{account}\\" cannot create resource \\"networkpolicies\\" in API group \\"networking.k8s.io\\"' in message
+        )
         assert "global.serviceAccountName" in message and "kubectl apply -f deploy/k8s/rbac.yaml" in message
-        assert fake.denied == [("", "services", "create"), ("", "services", "delete")]  # the cleanup tried too
+        assert fake.denied == [  # the cleanup tried too
+            ("networking.k8s.io", "networkpolicies", "create"), ("", "services", "delete"), ("networking.k8s.io", "networkpolicies", "delete"),
+        ]  # fmt: skip
         assert [v for v, o in fake.calls if v == "create"] == []  # nothing was created; no restart was tried
         nothing_left(fake)
     finally:
@@ -509,5 +523,5 @@ def test_a_terminated_run_deletes_its_sessions_job_and_service(cluster, tmp_path
     if how == "canceling":
         assert error_classes(result, "trainer_session") >= {PodJobTerminated.__name__}
     name = next(o.split("/", 1)[1] for v, o in cluster.calls if o.startswith("job/"))
-    assert lifecycle(cluster.calls, name)[-3:] == ["delete job", "delete pod", "delete service"]
+    assert lifecycle(cluster.calls, name)[-4:] == LAST_DELETES
     nothing_left(cluster)

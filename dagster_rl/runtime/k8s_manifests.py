@@ -9,6 +9,8 @@ gives pod 0 the DNS name the others rendezvous at. Pure functions over dicts (ca
              <job>-0.<service>; env JOB_COMPLETION_INDEX, MASTER_ADDR, MASTER_PORT
     Service  clusterIP None, publishNotReadyAddresses (pods resolve before they are ready),
              selecting the Job's pods
+    NetworkPolicy  the Job's pods accept connections from each other only (the rendezvous port and
+             the ports NCCL opens); deploy/k8s/trainer.yaml makes every trainer pod accept nothing else
 """
 
 import hashlib
@@ -155,6 +157,19 @@ def headless_service(spec: PodJob, cluster: ClusterSettings, name: str) -> dict[
             "selector": {JOB_LABEL: name},
             "ports": [{"name": "rendezvous", "port": spec.port, "targetPort": spec.port}],
         },
+    }
+
+
+def job_network_policy(job: dict[str, Any]) -> dict[str, Any]:
+    """The NetworkPolicy of one attempt (named as its Job): its pods accept connections, on any port,
+    from its own pods and from nothing else (torchrun's store and NCCL authenticate no one)."""
+    meta = job["metadata"]
+    pods = {"matchLabels": {JOB_LABEL: meta["name"]}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "labels": dict(meta["labels"])},
+        "spec": {"podSelector": pods, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": pods}]}]},
     }
 
 
