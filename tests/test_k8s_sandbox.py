@@ -14,6 +14,7 @@ mid-episode, an exec the RBAC refuses) are `SandboxUnavailable`, with every pod 
 
 import os
 import shutil
+import socket
 import threading
 import time
 
@@ -23,6 +24,7 @@ import pytest
 from dagster_rl.sandbox.calls import Program, SandboxUnavailable
 from dagster_rl.sandbox.launcher import BOOT
 from dagster_rl.sandbox.limits import SandboxLimits
+from dagster_rl.sandbox.pod_api import OWNER_PROCESS, owner_process
 from dagster_rl.sandbox.pod_manifest import APP_LABELS, INIT, OWNER_LABEL, OWNER_POD, Owner, PodSandboxSettings, sandbox_pod
 from dagster_rl.sandbox.pods import PodSandboxes
 from tests.fake_kubernetes import FakeKubernetes
@@ -262,6 +264,19 @@ def test_a_pod_deleted_during_an_episode_fails_its_calls_as_infrastructure(clust
     nothing_left(cluster)
 
 
+def test_closing_an_episode_during_a_call_deletes_its_pod_and_fails_the_call(cluster):
+    """The episode ended from elsewhere (its trial's timeout, say): the pod goes at once, and the
+    call that ran in it is infrastructure's failure, not an outcome."""
+    sandboxes = placement(cluster)
+    ws = sandboxes.open("e")
+    threading.Timer(0.5, ws.close).start()
+    t0 = time.monotonic()
+    with pytest.raises(SandboxUnavailable, match=rf"sandbox pod {ws.pod.name} \(episode e\)"):
+        ws.run(Program(python=f"# {MARK}\nimport time\ntime.sleep(30)"), LIMITS)
+    assert time.monotonic() - t0 < SLACK_S
+    nothing_left(cluster)
+
+
 def test_an_exec_the_rbac_refuses_is_sandbox_unavailable_naming_the_role(cluster):
     account, rules = driver_account()
     cluster.rbac = (account, [r for r in rules if "pods/exec" not in r["resources"]])
@@ -273,25 +288,32 @@ def test_an_exec_the_rbac_refuses_is_sandbox_unavailable_naming_the_role(cluster
 
 
 def test_pods_of_a_driver_that_is_gone_are_removed_and_a_live_drivers_kept(cluster):
+    """What the next driver removes: pods whose owner pod is gone, and pods made by a process of this
+    host (this pod, on a cluster) that is gone; never a live driver's, whose pod or process still runs."""
     driver = cluster.core.create_namespaced_pod(NS, {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "driver", "namespace": NS},
         "spec": {"containers": [{"name": "driver", "image": "python", "command": ["sleep", "600"]}]},
     })  # fmt: skip
-    leftovers = {
-        "drl-sandbox-orphan": Owner(id="0b0e5a5e-dead", pod="driver-that-is-gone", uid="0b0e5a5e-dead"),
-        "drl-sandbox-alive": Owner(id=driver.metadata.uid, pod="driver", uid=driver.metadata.uid),
+    host = socket.gethostname()
+    leftovers = {  # name: (owner, the process that made it)
+        "drl-sandbox-owner-pod-gone": (Owner(id="0b0e5a5e", pod="driver-that-is-gone", uid="0b0e5a5e"), "elsewhere/7:7"),
+        "drl-sandbox-owner-pod-alive": (Owner(id=driver.metadata.uid, pod="driver", uid=driver.metadata.uid), "elsewhere/7:7"),
+        "drl-sandbox-process-gone": (Owner(id="local-1"), f"{host}/1:1"),  # pid 1 did not start at tick 1
+        "drl-sandbox-process-alive": (Owner(id="local-2"), owner_process()),
     }
-    for name, owner in leftovers.items():
-        cluster.core.create_namespaced_pod(NS, sandbox_pod(SETTINGS, name, NS, owner))
-    made = cluster.pods.pods[(NS, "drl-sandbox-alive")].manifest["metadata"]
+    for name, (owner, process) in leftovers.items():
+        body = sandbox_pod(SETTINGS, name, NS, owner)
+        body["metadata"].setdefault("annotations", {})[OWNER_PROCESS] = process
+        cluster.core.create_namespaced_pod(NS, body)
+    made = cluster.pods.pods[(NS, "drl-sandbox-owner-pod-alive")].manifest["metadata"]
     assert made["ownerReferences"] == [
         {"apiVersion": "v1", "kind": "Pod", "name": "driver", "uid": driver.metadata.uid, "blockOwnerDeletion": False}
     ]
-    assert made["annotations"] == {OWNER_POD: "driver"}
-    with placement(cluster) as sandboxes, sandboxes.open("e"):
-        pass
-    assert sorted(cluster.objects()["pods"]) == ["driver", "drl-sandbox-alive"]
-    for name in ("driver", "drl-sandbox-alive"):
+    assert made["annotations"][OWNER_POD] == "driver"
+    with placement(cluster) as sandboxes, sandboxes.open("e") as ws:
+        assert cluster.pods.pods[(NS, ws.pod.name)].manifest["metadata"]["annotations"][OWNER_PROCESS] == owner_process()
+    assert sorted(cluster.objects()["pods"]) == ["driver", "drl-sandbox-owner-pod-alive", "drl-sandbox-process-alive"]
+    for name in ("driver", "drl-sandbox-owner-pod-alive", "drl-sandbox-process-alive"):
         cluster.core.delete_namespaced_pod(name, NS)
     nothing_left(cluster)
 

@@ -16,7 +16,7 @@ from dagster_rl.sandbox.pod_manifest import APP_LABELS, OWNER_LABEL, OWNER_POD, 
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-LOCAL_OWNER = "dagster-rl/sandbox-owner-host"  # annotation: the host of a driver that runs off the cluster
+OWNER_PROCESS = "dagster-rl/sandbox-owner-process"  # annotation: <host>/<pid>:<start> of the process that made the pod
 # a container waiting for one of these will not start however long it waits
 FATAL_WAITING = {"InvalidImageName", "CreateContainerConfigError", "ErrImageNeverPull"}
 RBAC = (
@@ -142,10 +142,9 @@ def delete_all(api: Any, namespace: str, made: set[str]) -> None:
         delete_pod(api, namespace, name)
 
 
-def remove_leftovers(api: Any, namespace: str, owner: Owner, keep: set[str]) -> list[str]:
-    """Delete the sandbox pods of `namespace` that no live driver owns: ended ones (their deadline
-    passed, or their init died), those whose owner pod is gone or ended, and those of a driver on
-    this host whose process is gone; never `owner`'s own, nor `keep`. Returns their names; never raises."""
+def remove_leftovers(api: Any, namespace: str, keep: set[str]) -> list[str]:
+    """Delete the sandbox pods of `namespace` that no live driver owns (`_abandoned`), never `keep`
+    (this process's own). Returns their names; never raises."""
     selector = ",".join(f"{k}={v}" for k, v in APP_LABELS.items())
     try:
         pods = api.list_namespaced_pod(namespace, label_selector=selector).items
@@ -155,7 +154,7 @@ def remove_leftovers(api: Any, namespace: str, owner: Owner, keep: set[str]) -> 
     removed = []
     for pod in pods:
         labels, notes = pod.metadata.labels or {}, pod.metadata.annotations or {}
-        if labels.get(OWNER_LABEL) == owner.id or pod.metadata.name in keep:
+        if pod.metadata.name in keep:
             continue
         if _abandoned(api, namespace, pod.status.phase if pod.status else None, labels.get(OWNER_LABEL, ""), notes):
             delete_pod(api, namespace, pod.metadata.name)
@@ -164,7 +163,12 @@ def remove_leftovers(api: Any, namespace: str, owner: Owner, keep: set[str]) -> 
 
 
 def _abandoned(api: Any, namespace: str, phase: str | None, owner_id: str, notes: dict[str, str]) -> bool:
+    """Whether no live driver owns a sandbox pod: it ended; or the process that made it ran on this
+    host (this pod, in a cluster) and is gone; or its owner pod is gone, ended, or another pod now."""
     if phase in ("Succeeded", "Failed"):
+        return True
+    host, _, ident = notes.get(OWNER_PROCESS, "").rpartition("/")
+    if host and host == socket.gethostname() and not alive(ident):
         return True
     if notes.get(OWNER_POD):
         try:
@@ -172,5 +176,9 @@ def _abandoned(api: Any, namespace: str, phase: str | None, owner_id: str, notes
         except Exception as e:
             return not_found(e)
         return owner.metadata.uid != owner_id or (owner.status is not None and owner.status.phase in ("Succeeded", "Failed"))
-    _, _, ident = owner_id.rpartition("-p")
-    return notes.get(LOCAL_OWNER) == socket.gethostname()[:253] and bool(ident) and not alive(ident.replace("-", ":", 1))
+    return False
+
+
+def owner_process() -> str:
+    """This process, as the annotation `OWNER_PROCESS` names it."""
+    return f"{socket.gethostname()}/{identity()}"

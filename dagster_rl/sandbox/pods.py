@@ -12,14 +12,15 @@ of pods started ahead, deleted when the episode ends, never given to another epi
 **Why a pod per episode, from a pool.** A pod cannot be made per call: starting one is seconds
 (Kubernetes' own SLO for a schedulable pod whose image is on the node is 5 s at the 99th
 percentile, image pull excluded: kubernetes/community, sig-scalability/slos/pod_startup_latency.md;
-gVisor and Kata add their sandbox's start to it), where a call is tens of milliseconds (the
-launcher's interpreter, measured in bench/). Reusing a pod across the episodes of a step would
-hide that cost too, but an episode's state can outlive its processes in places a reset cannot
-all reach (SysV IPC objects and POSIX queues of the pod's IPC namespace, files a program leaves
-in memory-backed mounts, the process count of the uid): episodes would then see each other, and a
-replayed episode would not be the same episode. So a pod is never reused; the pool (`pool_size`,
-refilled as episodes take pods) starts pods while earlier episodes run, and an episode that finds
-it empty waits for a cold start. Size it as episodes started per second times the start time.
+gVisor and Kata add their sandbox's start to it), where a call is about 0.1 s (bench/sandbox_pods.py:
+the exec path against the fake cluster, as a bubblewrap call; a cluster adds its API server's and
+kubelet's round trips). Reusing a pod across the episodes of a step would hide that cost too, but
+an episode's state can outlive its processes in places a reset cannot all reach (SysV IPC objects
+of the pod's IPC namespace, files a program leaves in memory-backed mounts, the uid's process
+count): episodes would then see each other, and a retried episode would not run in the sandbox its
+first attempt had. So a pod is never reused; the pool (`pool_size`, refilled as episodes take pods)
+starts pods while earlier episodes run, and an episode that finds it empty waits for a cold start.
+Size it as episodes started per second times the start time (docs/kubernetes.md, "Sandboxes").
 
 **A call.** An exec through the API server (not pod network traffic: the deny-all policy does not
 block it) runs the launcher's bootstrap, which reads the same launcher the local placement runs
@@ -51,7 +52,6 @@ process also deletes the sandbox pods that have ended, and those whose owner pod
 
 import logging
 import secrets
-import socket
 import threading
 import time
 import weakref
@@ -64,7 +64,7 @@ from dagster_rl.sandbox.launcher import CLEANUP, boot_input, framed_run, framed_
 from dagster_rl.sandbox.limits import SandboxLimits
 from dagster_rl.sandbox.outcomes import call_record, check_file_name
 from dagster_rl.sandbox.pod_api import (
-    LOCAL_OWNER,
+    OWNER_PROCESS,
     ApiFailure,
     api_call,
     clients,
@@ -76,6 +76,7 @@ from dagster_rl.sandbox.pod_api import (
     find_owner,
     is_running,
     not_found,
+    owner_process,
     remove_leftovers,
 )
 from dagster_rl.sandbox.pod_exec import Exchange, ExecStream, WebSocketExec, command, exchange
@@ -216,8 +217,7 @@ class PodSandboxes:
         assert self._owner is not None
         name = f"drl-sandbox-{secrets.token_hex(6)}"
         body = sandbox_pod(self.settings, name, self._namespace, self._owner)
-        if self._owner.pod == "" and self._owner.id:
-            body["metadata"].setdefault("annotations", {})[LOCAL_OWNER] = socket.gethostname()[:253]
+        body["metadata"].setdefault("annotations", {})[OWNER_PROCESS] = owner_process()
         with self._lock:
             self._made.add(name)
         try:
@@ -305,8 +305,7 @@ class PodSandboxes:
     # ---- leftovers ----------------------------------------------------------------------------
     def remove_leftovers(self) -> list[str]:
         """Delete the sandbox pods of this namespace that no live driver owns (`pod_api.remove_leftovers`)."""
-        assert self._owner is not None
-        return remove_leftovers(self._api, self._namespace, self._owner, keep=set(self._made))
+        return remove_leftovers(self._api, self._namespace, keep=set(self._made))
 
 
 class PodWorkspace:
@@ -316,7 +315,8 @@ class PodWorkspace:
         self.sandboxes, self.pod, self.label = sandboxes, pod, label
         self.calls = 0
         self.lost = ""  # why this workspace's pod can no longer be used
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one call (or write) at a time
+        self._closing = threading.Lock()
         self._closed = False
 
     def __enter__(self) -> "PodWorkspace":
@@ -326,7 +326,9 @@ class PodWorkspace:
         self.close()
 
     def close(self) -> None:
-        with self._lock:
+        """Delete the pod now, a call still running in it included (that call then raises
+        `SandboxUnavailable`), and free its slot."""
+        with self._closing:
             if self._closed:
                 return
             self._closed = True
