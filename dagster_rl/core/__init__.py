@@ -14,5 +14,6 @@ stores and checks, and how artifacts are named by content.
     lineage               trace a checkpoint back to step 0 through the store alone
     differences           what differs between two computations of one artifact
     progress              trials generated and judged of planned, for the run's log
+    plugins               user code an experiment names: a file in the experiments folder, or a module
     retries, faults, counters, errors   limits and retries, seeded faults, call counts, errors
 """

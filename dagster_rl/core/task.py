@@ -239,12 +239,15 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class RolloutEnv:
-    """What the rollout environment gives a backend: its limits, a folder for trials' scratch, and
-    the inference server it runs against (none: the backend generates in this process)."""
+    """What the rollout environment gives a backend: its limits, a folder for trials' scratch, the
+    inference server it runs against (none: the backend generates in this process), and the sandbox
+    tier's placement, where programs an environment runs go (`dagster_rl.sandbox.placement.Sandboxes`;
+    none: the default, bubblewrap on this machine)."""
 
     limits: Limits
     scratch_dir: Path
     endpoint: Endpoint | None = None
+    sandboxes: Any = None
 
 
 @dataclass(frozen=True)

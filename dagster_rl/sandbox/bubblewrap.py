@@ -30,7 +30,6 @@ import fcntl
 import json
 import os
 import re
-import secrets
 import selectors
 import shutil
 import signal
@@ -42,7 +41,7 @@ from pathlib import Path
 from types import TracebackType
 
 from dagster_rl.sandbox.calls import Call, CallOutcome, Program, SandboxUnavailable
-from dagster_rl.sandbox.folders import owner_folder, remove_orphans, remove_tree
+from dagster_rl.sandbox.folders import remove_tree, trial_folder
 from dagster_rl.sandbox.launcher import SOURCE, rlimits
 from dagster_rl.sandbox.limits import SandboxLimits
 
@@ -99,23 +98,20 @@ class BubblewrapSandboxes:
         self._checked = True
 
     def open(self, label: str) -> "BubblewrapWorkspace":
-        if not hasattr(self, "_orphans_removed"):
-            remove_orphans(self.root)  # the folders of processes killed before they could remove theirs
-            self._orphans_removed = True
-        folder = owner_folder(self.root) / f"{_plain(label)}-{secrets.token_hex(4)}"
-        folder.mkdir(mode=0o700)
+        folder = trial_folder(self.root, label)  # the folders of processes killed before they removed theirs go first
         if os.geteuid() == 0:
             os.chown(folder, self.uid, self.uid)
         return BubblewrapWorkspace(self, folder)
 
 
+def default_sandboxes() -> BubblewrapSandboxes:
+    """The embedded default: bubblewrap on this machine, under `default_root()`."""
+    return BubblewrapSandboxes(default_root())
+
+
 def default_root() -> Path:
     """Where episode folders lie unless the sandbox environment names another root."""
     return Path(tempfile.gettempdir()) / "dagster_rl_sandboxes"
-
-
-def _plain(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", label)[:64] or "episode"
 
 
 @dataclass

@@ -34,12 +34,14 @@ import importlib
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pydantic import Field
 
 from dagster_rl.core.strict import Strict
+
+if TYPE_CHECKING:
+    from dagster_rl.tasks.agent.trial_sandbox import TrialSandbox
 
 JudgeValue = str | int | float | bool | None
 
@@ -102,16 +104,20 @@ class EnvironmentSpec(Generic[S]):
 
     name: str
     settings: type[S]
-    make: Callable[[S, World, int, Path], TextEnvironment]
+    make: Callable[[S, World, int, "TrialSandbox"], TextEnvironment]
     code_version: str
     demonstrate: Callable[[S, World, random.Random], list[str]] | None = None
     description: str = ""
     min_turns: int = 1  # the fewest actions a successful episode takes: a demonstration needs that many turns
+    runs_programs: bool = False  # it runs programs in the trial's sandbox: a run checks the sandbox before its first step
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 # The environments that ship with dagster-rl: name -> the module that registers it (imported on first use).
-BUILTIN_ENVIRONMENTS = {"secret_search": "dagster_rl.tasks.agent.text_world"}
+BUILTIN_ENVIRONMENTS = {
+    "secret_search": "dagster_rl.tasks.agent.text_world",
+    "python_tool": "dagster_rl.tasks.agent.python_tool",
+}
 _REGISTERED: dict[str, EnvironmentSpec] = {}
 
 

@@ -11,7 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dagster_rl.core.records import Record
+from dagster_rl.sandbox.placement import Sandboxes
+from dagster_rl.tasks.agent.chat import ChatTurns
 from dagster_rl.tasks.agent.environment import World
+from dagster_rl.tasks.agent.episode import stage
 from dagster_rl.tasks.agent.experiment import AgentExperiment
 from dagster_rl.tasks.agent.judge import judge
 from dagster_rl.tasks.agent.records import AgentTrajectory, EpisodeRequest
@@ -30,7 +33,12 @@ class AgentEvaluation(Record):
 
 
 def evaluate(
-    policy: Policy, exp: AgentExperiment, worlds: Sequence[World], sandbox_root: Path, weights_hash: str = ""
+    policy: Policy,
+    exp: AgentExperiment,
+    worlds: Sequence[World],
+    sandbox_root: Path,
+    sandboxes: Sandboxes | None,
+    weights_hash: str = "",
 ) -> AgentEvaluation:
     """Greedy episodes of the policy on `worlds` (the held-out ones: `exp.heldout_worlds()`)."""
     greedy = exp.turn_sampling.model_copy(update={"temperature": 0.0})
@@ -39,9 +47,7 @@ def evaluate(
         for i, w in enumerate(worlds)
     ]
     max_turns = exp.task.episode.max_turns
-    outcomes = run_episodes(
-        policy, requests, exp.task.environment, greedy, max_turns, exp.task.episode.trial_timeout_s, sandbox_root
-    )
+    outcomes = run_episodes(policy, requests, stage(exp, ChatTurns.of(policy.tokenizer), sandbox_root, sandboxes), greedy)
     played = [o for o in outcomes if isinstance(o, AgentTrajectory)]
     rewards = [judge(t, exp.rubric, max_turns) for t in played]
     n, failed = len(outcomes), len(outcomes) - len(played)
