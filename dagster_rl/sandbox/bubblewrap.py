@@ -100,6 +100,7 @@ class BubblewrapSandboxes:
     def open(self, label: str) -> "BubblewrapWorkspace":
         folder = trial_folder(self.root, label)  # the folders of processes killed before they removed theirs go first
         if os.geteuid() == 0:
+            _let_enter(self.root)
             os.chown(folder, self.uid, self.uid)
         return BubblewrapWorkspace(self, folder)
 
@@ -245,6 +246,13 @@ class BubblewrapWorkspace:
             "--hostname",
             "sandbox",
         ]
+
+
+def _let_enter(folder: Path) -> None:
+    """Let other users enter (not list) a folder this process owns: the sandbox's user must pass through it."""
+    mode = folder.stat().st_mode
+    if mode & 0o011 != 0o011 and folder.stat().st_uid == os.geteuid():
+        folder.chmod((mode | 0o011) & 0o7777)
 
 
 def _system_binds(python: str) -> list[str]:

@@ -72,6 +72,14 @@ def tool_metrics(exp: Exp, trajectories: list[AgentTrajectory]) -> dict[str, flo
     return {"tool_call_share": mean([float(n > 0) for n in calls]), "tool_calls_per_trial": mean([float(n) for n in calls])}
 
 
+def tool_shares(evaluation: AgentEvaluation, **others: AgentEvaluation) -> dict[str, float]:
+    """`tool_call_share` of an evaluation, and of the others as `<name>_tool_call_share` (environments that run programs)."""
+    if evaluation.tool_call_share is None:
+        return {}
+    found = {"tool_call_share": evaluation.tool_call_share}
+    return found | {f"{k}_tool_call_share": e.tool_call_share for k, e in others.items() if e.tool_call_share is not None}
+
+
 def store_call_times(store: ArtifactStore, trajectories: list[AgentTrajectory], times: dict[str, TrialTimes]) -> None:
     """Each new trajectory's program wall times (`tool_times`, keyed by the trajectory's content):
     beside the trajectory, not in it, so a trial replayed elsewhere stores the same bytes; the first
@@ -178,6 +186,7 @@ class AgentLoop(LMLoop):
                 "mean_reward": sft.mean_reward,
                 "base_success": base.success,
                 "base_mean_turns": base.mean_turns,
+                **tool_shares(sft, base=base),
                 "n_worlds": sft.n,
                 "demos": stats.demos,
                 "demo_turns": stats.demo_turns,
@@ -315,6 +324,7 @@ class AgentLoop(LMLoop):
                 "start_success": start.success,
                 "start_mean_turns": start.mean_turns,
                 "base_success": base_scored.success,
+                **tool_shares(scored, start=start, base=base_scored),
                 "n_worlds": scored.n,
                 "failed_episodes": scored.failed,
                 "weights_version": weights.version,
