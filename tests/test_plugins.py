@@ -138,6 +138,18 @@ def test_a_plugin_must_be_a_file_of_the_experiments_folder_or_a_module(tmp_path)
         assert "invalid experiment: field 'plugins': " in error and said in error, error
 
 
+def test_whether_a_file_is_valid_does_not_depend_on_the_order_of_the_files(tmp_path):
+    """`a_uses` names an environment that only `b_names`'s plugin registers: every plugin of the folder
+    is imported before any file is validated, so `a_uses` reads the same whichever file comes first."""
+    plugin = PARROT.replace('"parrot"', '"parrot_order"').replace("parrot-1", "parrot-order-1")
+    uses = parrot_experiment("a_uses", plugins=[], task={"kind": "text_agent", "environment": {"name": "parrot_order"}})
+    folder = plugin_folder(tmp_path / "experiments", uses, parrot_experiment("b_names"), plugin=plugin)
+    try:
+        assert set(load_experiments(folder)) == {"a_uses", "b_names"}
+    finally:
+        environment._REGISTERED.pop("parrot_order", None)
+
+
 def test_an_unknown_environment_says_how_to_name_its_plugin(tmp_path):
     folder = write_experiments(
         tmp_path / "experiments",
