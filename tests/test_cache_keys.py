@@ -40,6 +40,8 @@ OUTSIDE_KEYS = {
     "faults": "seeded fault injection, on first attempts only and retried: a step computed again, or healed, holds the "
     "same bytes (a crash of the driver is the driver's, outside the loop)",
     "driver_pod": "what the driver's pod needs on Kubernetes: where it runs, not what it computes",
+    "plugins": "the modules imported before the file is read, to register what it names: what a plugin registers is "
+    "keyed by its own code version (a text environment's `code_version`), not by the file or module that registered it",
     "generation_threads": "torch threads of generation: the same tokens and log-probs whatever the count",
     "policy.device=cpu": "where the policy runs (auto: cuda when there is one); across devices numbers agree to float "
     "rounding, and a run resumed on another device reuses every stored step",
@@ -184,6 +186,7 @@ def _overrides(folder: Path, judge_url: str, kind: str) -> dict[str, list]:
         "task.source.path": [_gsm8k_file(folder, "b.jsonl", 1)],
         "task.environment": [{"name": "secret_search_copy"}],  # another environment (registered above)
         "task.environment.name": ["secret_search"],
+        "plugins": [["dagster_rl.tasks.agent.text_world"]],  # a module that registers a text environment
     }
 
 

@@ -61,6 +61,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar, overload
 
 from pydantic import BaseModel
 
+from dagster_rl.core import plugins
 from dagster_rl.core.checks import CheckOutcome
 from dagster_rl.core.experiment import Experiment
 from dagster_rl.core.progress import Progress
@@ -369,8 +370,16 @@ def task_kinds() -> list[str]:
 
 
 def task_of(kind: str) -> Task:
+    """The task registered as `kind`: a built-in one (imported on first use), one an experiment's
+    `plugins` registered, or one an installed plugin registers (`dagster_rl.core.plugins`: the
+    entry points are imported at the first kind not found)."""
     if kind not in _REGISTERED and kind in BUILTIN_TASKS:
         importlib.import_module(BUILTIN_TASKS[kind])
     if kind not in _REGISTERED:
-        raise ValueError(f"{kind!r} is not a task kind; use one of {task_kinds()}")
+        failed = plugins.installed_failures()
+        if kind not in _REGISTERED:
+            raise ValueError(
+                f"{kind!r} is not a task kind; use one of {task_kinds()}, or name the module that registers yours in the "
+                f"experiment's `plugins`{failed}"
+            )
     return _REGISTERED[kind]

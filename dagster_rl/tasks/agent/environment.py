@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pydantic import Field
 
+from dagster_rl.core import plugins
 from dagster_rl.core.strict import Strict
 
 if TYPE_CHECKING:
@@ -135,7 +136,10 @@ def environment_of(name: str) -> EnvironmentSpec:
     if name not in _REGISTERED and name in BUILTIN_ENVIRONMENTS:
         importlib.import_module(BUILTIN_ENVIRONMENTS[name])
     if name not in _REGISTERED:
-        raise ValueError(
-            f"{name!r} is not a text environment; use one of {environment_names()} (or register_environment(...) yours)"
-        )
+        failed = plugins.installed_failures()  # installed plugins, imported once per process at the first miss
+        if name not in _REGISTERED:
+            raise ValueError(
+                f"{name!r} is not a text environment; use one of {environment_names()}, or name the file that registers "
+                f"yours (register_environment(...)) in the experiment's `plugins`{failed}"
+            )
     return _REGISTERED[name]
