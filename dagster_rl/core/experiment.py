@@ -4,6 +4,7 @@ Each task subclasses `Experiment` with its own `task`, rubric and training setti
 `dagster_rl.core.task`); `dagster_rl.core.experiment_files` reads the YAML files into those classes.
 """
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
@@ -95,6 +96,16 @@ class Experiment(Strict):
         None, description="on Kubernetes (k8s_job_executor): what the driver's step pod needs (and in-process rollouts)"
     )
     _fork_root: str | None = PrivateAttr(None)  # set by `experiment_files` when it resolves a chain of forks
+    _folder: str | None = PrivateAttr(None)  # the experiments folder it was read from (set by `experiment_files`)
+
+    @property
+    def folder(self) -> Path | None:
+        """The experiments folder this experiment was read from (where its plugin files are), if any."""
+        return Path(self._folder) if self._folder else None
+
+    def plugin_files(self) -> tuple[tuple[str, str | None], ...]:
+        """Its plugins as another process imports them: (reference, the experiments folder) each."""
+        return tuple((p, self._folder) for p in self.plugins)
 
     @field_validator("plugins")
     @classmethod

@@ -152,7 +152,9 @@ def parse_experiment(raw: dict[str, Any], folder: Path | None = None) -> Experim
     folder), then validate the settings against the experiment class of their `task.kind`: a task
     kind or text environment that a plugin registers is known by then."""
     import_plugins(raw.get("plugins"), folder)
-    return task_of(_kind_of(raw)).experiment.model_validate(raw)
+    exp = task_of(_kind_of(raw)).experiment.model_validate(raw)
+    exp._folder = str(folder) if folder is not None else None
+    return exp
 
 
 def _validate(path: Path, raw: dict[str, Any]) -> Experiment:

@@ -160,10 +160,6 @@ class AgentExperiment(LMExperiment):
             )
         return self
 
-    def plugin_files(self) -> tuple[tuple[str, str | None], ...]:
-        """The plugins an environment's process imports before it makes the environment (placeholder until plugins land)."""
-        return ()
-
     @property
     def demo_turns(self) -> int:
         """The demonstrations' turn budget: the warm-up's own, else the episodes'."""
