@@ -79,6 +79,7 @@ class BubblewrapSandboxes:
     slot_timeout_s: float = 600.0
     name: str = "bubblewrap"
     _checked: bool = field(default=False, repr=False)
+    _identity: str = field(default="", repr=False)
 
     def check(self) -> None:
         """A `SandboxUnavailable` naming what to install or allow when no sandbox can be made here.
@@ -96,6 +97,17 @@ class BubblewrapSandboxes:
         if (call.outcome, call.stdout) != ("exit", "42\n"):
             raise SandboxUnavailable(f"a sandbox was made but a program printing 42 gave {call!r}")
         self._checked = True
+
+    def identity(self) -> str:
+        if not self._identity:
+            try:
+                version = subprocess.run(
+                    [self.python, "-I", "-S", "-c", "import sys; print(sys.version)"], capture_output=True, text=True, timeout=60
+                ).stdout.strip()
+            except OSError as e:
+                raise SandboxUnavailable(f"the sandbox's interpreter {self.python} could not be run: {e}") from None
+            self._identity = f"python {version}"
+        return self._identity
 
     def open(self, label: str) -> "BubblewrapWorkspace":
         folder = trial_folder(self.root, label)  # the folders of processes killed before they removed theirs go first

@@ -32,6 +32,7 @@ sequences: what the supervised warm-up imitates), registered with `register_envi
 
 import importlib
 import random
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -120,12 +121,21 @@ BUILTIN_ENVIRONMENTS = {
     "python_tool": "dagster_rl.tasks.agent.python_tool",
 }
 _REGISTERED: dict[str, EnvironmentSpec] = {}
+_REGISTERED_BY: dict[str, str] = {}
 
 
 def register_environment(spec: EnvironmentSpec) -> EnvironmentSpec:
-    """Make `spec.name` known; registering the same name again replaces it."""
+    """Make `spec.name` known; registering the same name again replaces it. The module that calls it
+    is remembered (`registered_by`): a trial's environment runs in a process of its own, which imports
+    that module to find the environment registered."""
     _REGISTERED[spec.name] = spec
+    _REGISTERED_BY[spec.name] = sys._getframe(1).f_globals.get("__name__", "")
     return spec
+
+
+def registered_by(name: str) -> str:
+    """The module whose import registers environment `name` ("" when unknown)."""
+    return _REGISTERED_BY.get(name, "")
 
 
 def environment_names() -> list[str]:

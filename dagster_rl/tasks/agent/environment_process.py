@@ -36,7 +36,14 @@ from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.runtime.lifetime import alive, identity
 from dagster_rl.sandbox.calls import Call, Program
 from dagster_rl.sandbox.placement import Sandboxes
-from dagster_rl.tasks.agent.environment import EnvironmentSettings, EnvironmentSpec, JudgeValue, Outcome, World
+from dagster_rl.tasks.agent.environment import (
+    EnvironmentSettings,
+    EnvironmentSpec,
+    JudgeValue,
+    Outcome,
+    World,
+    registered_by,
+)
 from dagster_rl.tasks.agent.environment_host import Host
 
 WATCH_S = 0.5  # how often a child looks for its parent
@@ -63,8 +70,8 @@ class Returned:
 
 
 def module_of(spec: EnvironmentSpec) -> str:
-    """The module a child imports to find `spec` registered (its factory's)."""
-    module = getattr(spec.make, "__module__", None) or ""
+    """The module a child imports to find `spec` registered: the one that registered it."""
+    module = registered_by(spec.name)
     if not module or module == "__main__":
         raise EnvironmentFailed(
             f"environment {spec.name} is registered from {module or 'no module'}: a trial's environment runs in a process "

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dagster_rl.core import counters
 from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.core.hashing import seed_of
 from dagster_rl.sandbox.calls import Call, Program
@@ -168,7 +169,9 @@ class Episode:
             else:
                 self.env = InlineEnvironment(stage, world, request.seed, self.folder, request.trial_id)
             self.first_observation = self._bounded(self.env.reset(), 0)
-            self.sandbox_seconds += sum(c.seconds for _, c in self.env.calls())  # programs that make() or reset() ran
+            setup = self.env.calls()  # programs that make() or reset() ran
+            counters.bump("programs_run", len(setup))
+            self.sandbox_seconds += sum(c.seconds for _, c in setup)
             self.prompt_ids = self.chat.prompt(self.first_observation)
         except BaseException:
             self.close()
@@ -211,6 +214,7 @@ class Episode:
         return returned.text
 
     def _account(self, calls: list[tuple[Program, Call]]) -> list[ToolCall]:
+        counters.bump("programs_run", len(calls))
         self.call_seconds.append([c.seconds for _, c in calls])
         self.sandbox_seconds += sum(c.seconds for _, c in calls)
         return [tool_call(p, c) for p, c in calls]

@@ -20,7 +20,7 @@ from dagster_rl.core.errors import ArtifactConflictError
 from dagster_rl.core.experiment import step_key
 from dagster_rl.core.hashing import cache_key, canonical_json, seed_of
 from dagster_rl.core.progress import Progress
-from dagster_rl.core.records import Rewards, Rollouts, TrialFailed
+from dagster_rl.core.records import CALL_TIMES, CallTimes, Rewards, Rollouts, TrialFailed, call_times_key
 from dagster_rl.core.steps import Judged, judge_as_they_land, mean, recovered, rewards_key, rollouts_key, step_rewards, trial_set
 from dagster_rl.core.task import Backends, StepAsset, WarmupResult, Warn, Weights
 from dagster_rl.sandbox.bubblewrap import default_sandboxes
@@ -29,7 +29,7 @@ from dagster_rl.store.artifact_store import ArtifactRef, ArtifactStore
 from dagster_rl.tasks.agent.environment import World, environment_of
 from dagster_rl.tasks.agent.evaluation import AgentEvaluation, evaluate
 from dagster_rl.tasks.agent.experiment import AgentExperiment as Exp
-from dagster_rl.tasks.agent.records import TOOL_TIMES, AgentReward, AgentTrajectory, CallTimes, EpisodeRequest, call_times_key
+from dagster_rl.tasks.agent.records import AgentReward, AgentTrajectory, EpisodeRequest
 from dagster_rl.tasks.agent.rollout_hf import TrialTimes
 from dagster_rl.tasks.agent.warmup import AgentWarmupStats, warm_up
 from dagster_rl.tasks.lm.backend_protocols import Checkpoint
@@ -81,7 +81,7 @@ def tool_shares(evaluation: AgentEvaluation, **others: AgentEvaluation) -> dict[
 
 
 def store_call_times(store: ArtifactStore, trajectories: list[AgentTrajectory], times: dict[str, TrialTimes]) -> None:
-    """Each new trajectory's program wall times (`tool_times`, keyed by the trajectory's content):
+    """Each new trajectory's program wall times (`call_times`, keyed by the trajectory's content):
     beside the trajectory, not in it, so a trial replayed elsewhere stores the same bytes; the first
     writer's times are kept."""
     for t in trajectories:
@@ -89,9 +89,9 @@ def store_call_times(store: ArtifactStore, trajectories: list[AgentTrajectory], 
         if known is None or not any(turn.calls for turn in t.turns):
             continue
         key = call_times_key(t)
-        if not store.exists(TOOL_TIMES, key):
+        if not store.exists(CALL_TIMES, key):
             try:
-                store.put_model(TOOL_TIMES, key, CallTimes(trial_id=t.trial_id, seconds=known.calls))
+                store.put_model(CALL_TIMES, key, CallTimes(trial_id=t.trial_id, seconds=known.calls))
             except ArtifactConflictError:
                 pass  # another writer stored this trajectory's times first
 
@@ -125,8 +125,14 @@ class AgentLoop(LMLoop):
 
     def sandboxes_for(self, exp: Exp) -> Sandboxes | None:
         """Where the experiment's programs run (see `checked_sandboxes`)."""
-        self.sandboxes = checked_sandboxes(exp, self.sandboxes)
-        return self.sandboxes
+        found = checked_sandboxes(exp, self.sandboxes)
+        self.sandboxes = found or self.sandboxes
+        return found
+
+    def program_inputs(self, exp: Exp) -> dict[str, str]:
+        """What a key holds of the sandbox: the interpreter programs run on (environments that run programs)."""
+        sandboxes = self.sandboxes_for(exp)
+        return {"sandbox": sandboxes.identity()} if sandboxes is not None else {}
 
     def iter_steps(self, exp, steps, start, store, backends, warn):
         """The language-model loop's, with the rollout backend's sandboxes for the evaluations too."""
@@ -159,6 +165,7 @@ class AgentLoop(LMLoop):
             environment_code=environment_of(env.name).code_version,
             max_turns=exp.demo_turns,
             seed=exp.seed,
+            **self.program_inputs(exp),
         )
 
         def compute() -> dict[str, bytes]:
@@ -278,6 +285,7 @@ class AgentLoop(LMLoop):
             sampling=exp.sampling,
             environment_code=environment_of(exp.task.environment.name).code_version,
             **exp.rollout.cache_inputs(),
+            **self.program_inputs(exp),
         )
 
     def _train(self, exp, step, previous, gen, store, backends, reference):
@@ -347,6 +355,7 @@ class AgentLoop(LMLoop):
             max_turns=exp.task.episode.max_turns,
             max_turn_tokens=exp.task.episode.max_turn_tokens,
             rubric=exp.rubric,
+            **self.program_inputs(exp),
         )
 
         def compute() -> AgentEvaluation:

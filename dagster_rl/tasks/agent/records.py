@@ -17,7 +17,6 @@ beside them.
 
 from pydantic import Field, model_validator
 
-from dagster_rl.core.hashing import cache_key, content_hash
 from dagster_rl.core.records import Record
 from dagster_rl.tasks.agent.environment import JudgeValue
 
@@ -122,18 +121,3 @@ class AgentReward(Record):
     end_reason: str
     components: dict[str, float]
     reward: float
-
-
-TOOL_TIMES = "tool_times"  # the artifact kind of a trajectory's program times
-
-
-class CallTimes(Record):
-    """The wall time of each program a trajectory's environment ran, per turn (seconds): stored beside the
-    trajectory under its content (`call_times_key`), since times differ from run to run and the trajectory must not."""
-
-    trial_id: str
-    seconds: list[list[float]]
-
-
-def call_times_key(trajectory: AgentTrajectory) -> str:
-    return cache_key(TOOL_TIMES, "tool-times-1", trajectory=content_hash(trajectory))
