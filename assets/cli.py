@@ -54,7 +54,8 @@ def _in_own_group(argv: list[str], args: argparse.Namespace) -> int:
     trainer's torchrun would each print their own traceback or warning. Relayed to the run's process
     alone, it is Dagster's interruption: it interrupts its step processes, which stop their
     workers, and the console says `interrupted; re-run the same range to resume`, and nothing else.
-    The child interrupts itself the same way when this process dies (its end of a pipe closes)."""
+    The child interrupts itself the same way when this process dies (its end of a pipe closes), and
+    kills what it started and itself when that has not ended the run within seconds."""
     import subprocess
 
     read_end, write_end = os.pipe()
@@ -84,22 +85,14 @@ def _in_own_group(argv: list[str], args: argparse.Namespace) -> int:
 
 def _interrupt_when_parent_goes() -> None:
     """In the child of `_in_own_group`: a SIGINT to this process (Dagster's interruption) when the
-    `dagster-rl train` that started it is gone, whatever ended it."""
-    import threading
+    `dagster-rl train` that started it is gone, whatever ended it; and, if the run has not ended a
+    few seconds later, a SIGKILL of every process it started and of itself
+    (`dagster_rl.runtime.lifetime.interrupt_when_gone`)."""
+    from dagster_rl.runtime.lifetime import interrupt_when_gone
 
     fd = os.environ.pop(PARENT_FD, "")
-    if not fd.isdigit():
-        return
-
-    def watch() -> None:
-        try:
-            while os.read(int(fd), 1):
-                pass
-        except OSError:
-            pass
-        os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=watch, name="dagster-rl-parent", daemon=True).start()
+    if fd.isdigit():
+        interrupt_when_gone(int(fd))
 
 
 def main(argv: list[str] | None = None) -> None:

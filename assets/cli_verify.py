@@ -239,6 +239,17 @@ def _seed_span(seeds: dict[str, int]) -> str:
     return f"{ids[0]}={seeds[ids[0]]} .. {ids[-1]}={seeds[ids[-1]]}" if ids else "none"
 
 
+def _call_line(call: dict, seconds: float | None) -> str:
+    """A program a turn ran: its code, how it ended, what it printed, its time (`dagster_rl.sandbox.calls`)."""
+    ending = f"exit status {call['exit_status']}" if call["outcome"] == "exit" else call["outcome"]
+    if call["signal"]:
+        ending += f", signal {call['signal']}"
+    cut = " (stdout cut)" if call["stdout_cut"] else ""
+    took = f", {seconds:.2f} s" if seconds is not None else ""
+    stderr = f", stderr {call['stderr'][-120:]!r}" if call["stderr"] else ""
+    return f"{call['program'][:200]!r}: {ending}{took}; stdout {call['stdout'][:200]!r}{cut}{stderr}"
+
+
 def print_trial(trial) -> None:
     """A trial of a lineage: its reward, then each turn's action and observation with the tokens the
     model sampled and their log-probability (a multi-turn trajectory), its completion (a single-turn
@@ -260,6 +271,9 @@ def print_trial(trial) -> None:
                 f"  turn {i + 1}: {turn['action']!r} ({sampled} tokens, log-prob {sum(logps[first : first + sampled]):.2f}, "
                 f"{turn['finish_reason']}){seen}"
             )
+            times = trial.call_seconds[i] if trial.call_seconds and i < len(trial.call_seconds) else []
+            for k, call in enumerate(turn.get("calls", [])):
+                print(f"    program {k + 1}: {_call_line(call, times[k] if k < len(times) else None)}")
         print(f"  ended: {t['end_reason']}")
     elif logps is not None:
         print(f"  completion: {t.get('completion_text')!r} ({len(logps)} tokens, log-prob {sum(logps):.2f})")

@@ -12,7 +12,7 @@ from assets.driver import build_driver, build_warmup
 from assets.experiments import missing_folder, problems, read
 from dagster_rl.core.errors import DagsterRLError, ExperimentError, SettingError
 from dagster_rl.core.experiment import Experiment
-from resources import ArtifactStoreResource, JudgeEnvironment
+from resources import ArtifactStoreResource, JudgeEnvironment, SandboxEnvironment
 from resources.artifact_store import dagster_home
 
 JUDGE_URL, JUDGE_MODEL, JUDGE_API_KEY = "DAGSTER_RL_JUDGE_URL", "DAGSTER_RL_JUDGE_MODEL", "DAGSTER_RL_JUDGE_API_KEY"
@@ -47,6 +47,7 @@ def default_resources(store: ArtifactStoreResource) -> dict:
         "judge": judge_environment(store),
         "trainer": trainer_environment(),
         "artifact_store": store,
+        "sandbox": SandboxEnvironment(),
     }
 
 

@@ -47,7 +47,7 @@ from dagster_rl.core.experiment import Experiment, step_key
 from dagster_rl.core.progress import Progress
 from dagster_rl.core.task import Backends, StepAsset, task_of
 from dagster_rl.runtime.lifetime import die_with_parent
-from resources import ArtifactStoreResource, JudgeEnvironment, RolloutEnvironment, TrainerEnvironment
+from resources import ArtifactStoreResource, JudgeEnvironment, RolloutEnvironment, SandboxEnvironment, TrainerEnvironment
 
 
 def step_partitions(exp: Experiment) -> StaticPartitionsDefinition:
@@ -132,10 +132,11 @@ def build_driver(exp: Experiment):
         judge: JudgeEnvironment,
         trainer: TrainerEnvironment,
         artifact_store: ArtifactStoreResource,
+        sandbox: SandboxEnvironment,
     ):
         die_with_parent()  # a step process of the multiprocess executor ends when its run worker dies
         try:
-            yield from _drive(context, exp, rollout, judge, trainer, artifact_store)
+            yield from _drive(context, exp, rollout, judge, trainer, artifact_store, sandbox)
         except DagsterRLError as e:
             _no_retry_unless_retryable(context, e)
             raise
@@ -161,6 +162,7 @@ def _drive(
     judge: JudgeEnvironment,
     trainer: TrainerEnvironment,
     artifact_store: ArtifactStoreResource,
+    sandbox: SandboxEnvironment,
 ):
     """Walk the run's range of steps in order; yield each step's materializations as it ends."""
     steps = _range_of(context, exp)
@@ -174,7 +176,9 @@ def _drive(
         loop = task_of(exp.kind).loop()
         with progress.doing(f"{exp.name}: loading the weights step {step_key(steps[0])} starts from"):
             start = starting_weights(context.instance, exp, steps[0], store, loop)
-        backends = Backends(rollout.backend_for(exp), judge.backend_for(exp), trainer.backend_for(exp, context), progress)
+        backends = Backends(
+            rollout.backend_for(exp, sandbox.sandboxes()), judge.backend_for(exp), trainer.backend_for(exp, context), progress
+        )
         evaluated: set[AssetCheckKey] = set()
         with backends.closed_at_end(context.log.warning):
             for result, seconds in timed(loop.iter_steps(exp, steps, start, store, backends, context.log.warning)):

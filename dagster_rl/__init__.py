@@ -8,5 +8,6 @@ Start with `core.task`: what a task is and what it must provide, in one screen.
     runtime     processes, workers, pods, Kubernetes manifests
     inference   JSON over HTTP, the vLLM client, managed inference servers
     judges      the judge's backends: the task's rubric in process, an LLM judge
+    sandbox     the sandbox tier: programs a model wrote, run isolated (bubblewrap here, pods on a cluster)
     tasks       one package per task: `secret_search` (agentic sandbox), `lm` (language models)
 """

@@ -38,7 +38,7 @@ missing=""
 for check in "create services" "patch services" "delete services" "create jobs.batch" "get jobs.batch" "list jobs.batch" \
              "delete jobs.batch" "get jobs.batch/status" "list pods" "delete pods" "get pods/log" \
              "create networkpolicies.networking.k8s.io" "patch networkpolicies.networking.k8s.io" \
-             "delete networkpolicies.networking.k8s.io" "create pods" "get pods" "create pods/exec"; do
+             "delete networkpolicies.networking.k8s.io" "create pods" "get pods" "patch pods" "create pods/exec"; do
   # shellcheck disable=SC2086 # "verb resource" splits into its two words on purpose
   if [ "$(kubectl auth can-i $check -n "$NAMESPACE" --as="system:serviceaccount:$NAMESPACE:$RUN_SA" 2>/dev/null)" != "yes" ]; then
     missing="$missing

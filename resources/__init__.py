@@ -15,6 +15,7 @@ _MODULES = {
     "PipesK8sJobLauncher": "resources.k8s_launcher",
     "PipesTorchrunLauncher": "resources.trainer_launcher",
     "RolloutEnvironment": "resources.environments",
+    "SandboxEnvironment": "resources.environments",
     "TrainerEnvironment": "resources.environments",
 }
 

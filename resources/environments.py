@@ -23,6 +23,8 @@ from dagster_rl.judges.llm_judge import LLMJudge, OpenAIChatClient
 from dagster_rl.judges.rubric_judge import RubricJudge
 from dagster_rl.runtime.pods import PodJob
 from dagster_rl.runtime.workers import Workers
+from dagster_rl.sandbox.bubblewrap import BubblewrapSandboxes, default_root
+from dagster_rl.sandbox.placement import Sandboxes
 from resources.artifact_store import ArtifactStoreResource
 from resources.k8s_launcher import PipesK8sJobLauncher
 from resources.trainer_launcher import PipesTorchrunLauncher
@@ -104,9 +106,54 @@ class RolloutEnvironment(_Environment):
             self._server.stop()
             self._server = None
 
-    def backend_for(self, exp: Experiment) -> RolloutBackend:
-        env = RolloutEnv(self.limits(), Path(self.sandbox_root or tempfile.gettempdir()), self.endpoint())
+    def backend_for(self, exp: Experiment, sandboxes: Sandboxes | None = None) -> RolloutBackend:
+        """The experiment's rollout backend; `sandboxes`: where its environments' programs run (the sandbox tier's)."""
+        env = RolloutEnv(self.limits(), Path(self.sandbox_root or tempfile.gettempdir()), self.endpoint(), sandboxes)
         return task_of(exp.kind).backend("rollout", exp, env)
+
+
+class SandboxEnvironment(_Environment):
+    """The sandbox tier: where the programs an agent's environment runs (a tool call's Python) run,
+    isolated and bounded (`dagster_rl.sandbox`). `bubblewrap` (the embedded default): a bubblewrap
+    sandbox per call on this machine, as an unprivileged user, with no network and nothing of the
+    host but the interpreter's files; `k8s`: a pod of the sandbox tier per episode. Its own limits:
+    `max_concurrency` sandboxes at once (across the run's processes), `max_retries` attempts again
+    a sandbox that could not be made (never a program that ran), `timeout_s` how long a call may
+    wait for a free sandbox. What one program may use (CPU seconds, memory, output) is the
+    experiment's, in its environment's settings. Bubblewrap must be installed where it runs: a run
+    whose environment runs programs fails before its first step, naming the package, when it is not.
+
+    Examples:
+        .. code-block:: python
+
+            from dagster import Definitions
+            from resources import SandboxEnvironment
+
+            defs = Definitions(
+                assets=[...],
+                resources={"sandbox": SandboxEnvironment(max_concurrency=16, root="/scratch/sandboxes")},
+            )
+    """
+
+    backend: Literal["bubblewrap"] = Field("bubblewrap", description="bubblewrap: on this machine")
+    root: str = Field(
+        "", description="bubblewrap: the folder of the episodes' workspaces; empty: <system temp>/dagster_rl_sandboxes"
+    )
+    python: str = Field(
+        "/usr/bin/python3", description="bubblewrap: the interpreter programs run on (its files are bound read-only)"
+    )
+    uid: int = Field(65534, ge=1, le=2**31 - 2, description="bubblewrap: the user sandboxes run as when this process is root")
+    timeout_s: float = Field(600.0, gt=0, le=bounds.MAX_DEADLINE_S, description="how long a call may wait for a free sandbox")
+
+    def sandboxes(self) -> Sandboxes:
+        return BubblewrapSandboxes(
+            Path(self.root) if self.root else default_root(),
+            python=self.python,
+            uid=self.uid,
+            max_concurrency=self.max_concurrency,
+            max_retries=self.max_retries,
+            slot_timeout_s=self.timeout_s,
+        )
 
 
 class JudgeEnvironment(_Environment):

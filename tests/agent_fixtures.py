@@ -1,12 +1,15 @@
 """Shared helpers of the agent tests: a policy of the built-in agent model, episode requests, and
 `chatter`, a text environment that answers every action and never ends an episode itself."""
 
+from pathlib import Path
 from typing import Literal
 
 import torch
 
 from dagster_rl.core.hashing import seed_of
-from dagster_rl.tasks.agent.environment import EnvironmentSettings, EnvironmentSpec, Outcome, register_environment
+from dagster_rl.tasks.agent.chat import ChatTurns
+from dagster_rl.tasks.agent.environment import EnvironmentSettings, EnvironmentSpec, Outcome, environment_of, register_environment
+from dagster_rl.tasks.agent.episode import Stage
 from dagster_rl.tasks.agent.records import EpisodeRequest
 from dagster_rl.tasks.lm.model.policy import Policy, load_policy
 from dagster_rl.tasks.lm.settings import LoRASettings, PolicySettings
@@ -39,6 +42,13 @@ class Chatter:
 
 
 CHATTER = register_environment(EnvironmentSpec(name="chatter", settings=ChatterSettings, make=Chatter, code_version="chatter-1"))
+
+
+def stage_of(
+    settings: EnvironmentSettings, chat: ChatTurns, root: Path, max_turns: int = 3, timeout_s: float = 60, **more
+) -> Stage:
+    """The stage of episodes of `settings`' registered environment, trials' folders under `root`."""
+    return Stage(environment_of(settings.name), settings, chat, max_turns, timeout_s, root, **more)
 
 
 def request(i: int, seed: int = 0) -> EpisodeRequest:

@@ -19,7 +19,7 @@ processes. It is not Kubernetes; it plays the parts the launcher depends on:
   bound to that account (403 Forbidden otherwise, worded as the API server words it);
 - plain Jobs too (the `k8s_job_executor`'s step Jobs: one pod, command and args from the container);
 - standalone pods (the sandbox tier's) and their pods/exec websocket (`tests.fake_pods`): `.pods`,
-  and `exec_api()`, a CoreV1Api whose execs reach them (RBAC enforced there too).
+  and `clients()`, CoreV1Apis that reach them over HTTP, REST and exec (RBAC enforced there too).
 
 Hooks for failure tests: `crash` = {(job number, pod index)} runs a failing command in those pods;
 `stalled_logs` = {pod index}: a followed log of such a pod never ends, even after its container
@@ -28,6 +28,7 @@ exits (a stalled stream); `on_job_status(job_name)` is called on each Job status
 than Kubernetes 1.28, whose Job controller puts the completion index on pods as an annotation only.
 """
 
+import functools
 import inspect
 import itertools
 import json
@@ -51,8 +52,6 @@ import kubernetes_validate
 from kubernetes.client import (
     ApiClient,
     ApiException,
-    Configuration,
-    CoreV1Api,
     V1Container,
     V1ContainerState,
     V1ContainerStateRunning,
@@ -71,7 +70,7 @@ from dagster_rl.runtime.k8s_manifests import INDEX_LABEL, expand
 from dagster_rl.runtime.lifetime import children
 from dagster_rl.runtime.pods import MASTER_ADDR, MASTER_PORT
 from tests import REPO
-from tests.fake_pods import StandalonePods
+from tests.fake_pods import StandalonePods, fake_clients
 from tests.machine import free_port
 
 K8S_VERSION = "1.33.0"
@@ -105,6 +104,7 @@ PERMISSION = {
     "delete_namespaced_service": ("", "services", "delete"),
     "create_namespaced_pod": ("", "pods", "create"),
     "read_namespaced_pod": ("", "pods", "get"),
+    "patch_namespaced_pod": ("", "pods", "patch"),
     "list_namespaced_pod": ("", "pods", "list"),
     "read_namespaced_pod_log": ("", "pods/log", "get"),
     "delete_namespaced_pod": ("", "pods", "delete"),
@@ -240,6 +240,7 @@ class FakeKubernetes:
                 if name not in vars(self.batch) and "network_policy" not in name
             }
         )
+        self.pods.api = self.core  # what the pods' REST calls over HTTP reach
         threading.Thread(target=self._job_controller, name="fake-job-controller", daemon=True).start()
 
     def _denial(self, namespace: str, group: str, resource: str, verb: str) -> str:
@@ -249,9 +250,10 @@ class FakeKubernetes:
         self.denied.append((group, resource, verb))
         return json.loads(_forbidden(self.rbac[0], namespace, group, resource, verb).body)["message"]
 
-    def exec_api(self) -> CoreV1Api:
-        """A CoreV1Api (its own ApiClient) whose `connect_get_namespaced_pod_exec` reaches the pods."""
-        return CoreV1Api(ApiClient(Configuration(host=self.pods.exec_url())))
+    def clients(self) -> functools.partial:
+        """What `PodSandboxes(clients=...)` takes: the fake API server's pods over HTTP (REST and exec,
+        RBAC enforced), picklable into other processes."""
+        return functools.partial(fake_clients, self.pods.exec_url())
 
     def _authorized(self, name: str) -> Callable:
         """The API server's authorization in front of a call: RBAC against the caller's Role."""
@@ -438,6 +440,10 @@ class FakeKubernetes:
 
     def read_namespaced_pod(self, name: str, namespace: str, **_: Any) -> V1Pod:
         return self.pods.read(namespace, name)
+
+    def patch_namespaced_pod(self, name: str, namespace: str, body: dict, **_: Any) -> V1Pod:
+        self.calls.append(("patch", f"pod/{name}"))
+        return self.pods.patch(namespace, name, body)
 
     def delete_namespaced_pod(self, name: str, namespace: str, **_: Any) -> None:
         with self._lock:

@@ -8,7 +8,8 @@ pods/exec endpoint, for `tests.fake_kubernetes.FakeKubernetes`.
   at its mount path (`medium: Memory`: a tmpfs of its sizeLimit; else a folder of this machine),
   the pod's uid and gid (`runAsUser`, `runAsGroup`) with no capabilities and no-new-privs, its
   `workingDir`, `PATH` and `HOSTNAME`. Needs root (what a node's runtime is).
-- exec (`nsenter` into the container's namespaces, as the same user) behind a real websocket, as
+- exec (into the container's namespaces, as the same user, waited for as a runtime's shim waits:
+  `ENTER`) behind a real websocket, as
   the API server serves `pods/{name}/exec` (channel protocol v5, falling back to v4: stdin 0, stdout
   1, stderr 2, the status on 3, close 255). As on a real node, a client that disconnects does not
   stop the process it started.
@@ -32,6 +33,7 @@ import shutil
 import signal
 import socketserver
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -42,7 +44,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from kubernetes.client import (
+    ApiClient,
     ApiException,
+    Configuration,
+    CoreV1Api,
     V1Container,
     V1ContainerState,
     V1ContainerStateRunning,
@@ -60,6 +65,27 @@ from kubernetes.client import (
 from dagster_rl.runtime.lifetime import alive, identity
 
 PATH = "/usr/local/bin:/usr/bin:/bin"
+# The runtime's side of an exec: join the container's namespaces (PID 1's, as this machine sees it),
+# fork the command into them, and wait for it as a container runtime's shim does: reaping it, and
+# never stopping itself when the command is stopped (as nsenter would, which holds its zombie).
+ENTER = """import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+pid, workdir, command = sys.argv[1], sys.argv[2], sys.argv[4:]
+for ns in ("ipc", "uts", "net", "pid", "mnt"):
+    fd = os.open(f"/proc/{pid}/ns/{ns}", os.O_RDONLY)
+    if libc.setns(fd, 0) != 0:
+        raise SystemExit(f"setns {ns}: {os.strerror(ctypes.get_errno())}")
+    os.close(fd)
+os.chdir(workdir)
+child = os.fork()
+if child == 0:
+    os.execvp(command[0], command)
+while True:
+    _, status = os.waitpid(child, 0)
+    if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+        break
+sys.exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+"""
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
@@ -86,6 +112,9 @@ class Container:
     exit_code: int | None = None
     log: list[str] = field(default_factory=list)
     created: float = field(default_factory=time.monotonic)
+    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    started_at: datetime | None = None
+    version: int = 1  # metadata.resourceVersion
     execs: list[subprocess.Popen] = field(default_factory=list)
 
     def model(self, waiting: str, unschedulable: bool) -> V1Pod:
@@ -111,10 +140,16 @@ class Container:
         owners = [V1OwnerReference(**{_snake(k): v for k, v in o.items()}) for o in meta.get("ownerReferences", [])] or None
         return V1Pod(
             metadata=V1ObjectMeta(name=self.name, namespace=self.namespace, uid=self.uid, labels=dict(meta.get("labels", {})),
-                                  annotations=dict(meta.get("annotations", {})) or None, owner_references=owners),
+                                  annotations=dict(meta.get("annotations", {})) or None, owner_references=owners,
+                                  resource_version=str(self.version), creation_timestamp=self.created_at),
             spec=V1PodSpec(containers=[V1Container(name=container["name"], image=container["image"])]),
-            status=V1PodStatus(phase=self.phase, reason=self.reason or None, container_statuses=statuses, conditions=conditions),
+            status=V1PodStatus(phase=self.phase, reason=self.reason or None, container_statuses=statuses, conditions=conditions,
+                               start_time=self.started_at),
         )  # fmt: skip
+
+
+def container_dir(pod: "Container") -> str:
+    return pod.manifest["spec"]["containers"][0].get("workingDir", "/")
 
 
 def _snake(name: str) -> str:
@@ -126,6 +161,7 @@ class StandalonePods:
 
     def __init__(self, validate, authorize):
         self.validate, self.authorize = validate, authorize
+        self.api: Any = None  # the fake API server's CoreV1Api side (RBAC enforced): what REST calls over HTTP reach
         self.pods: dict[tuple[str, str], Container] = {}
         self.deleted: list[Container] = []
         self.runtime_classes = {"gvisor"}
@@ -164,6 +200,25 @@ class StandalonePods:
             raise ApiException(status=404, reason="NotFound")
         return pod.model(self.image_errors.get(pod.manifest["spec"]["containers"][0]["image"], ""), self.unschedulable)
 
+    def patch(self, namespace: str, name: str, body: dict) -> V1Pod:
+        """A merge of labels and annotations; `metadata.resourceVersion`, when given, is a precondition
+        (409 Conflict when the pod changed since), as the API server treats it."""
+        meta = body.get("metadata", {})
+        with self._lock:
+            pod = self.pods.get((namespace, name))
+            if pod is None:
+                raise ApiException(status=404, reason="NotFound")
+            if "resourceVersion" in meta and meta["resourceVersion"] != str(pod.version):
+                error = ApiException(status=409, reason="Conflict")
+                error.body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Conflict", "code": 409,
+                                         "message": f'Operation cannot be fulfilled on pods "{name}": the object has been modified'})  # fmt: skip
+                raise error
+            for key in ("labels", "annotations"):
+                pod.manifest["metadata"].setdefault(key, {}).update(meta.get(key, {}))
+            self.validate(pod.manifest)
+            pod.version += 1
+        return self.read(namespace, name)
+
     def in_namespace(self, namespace: str) -> list[Container]:
         with self._lock:
             return [p for (ns, _), p in self.pods.items() if ns == namespace]
@@ -195,7 +250,7 @@ class StandalonePods:
             self._server.server_close()
 
     def exec_url(self) -> str:
-        """Where the exec endpoint listens: the `host` of a kubernetes Configuration."""
+        """Where the fake API server listens for pods over HTTP (REST and exec): a Configuration's `host`."""
         with self._lock:
             if self._server is None:
                 self._server = ExecServer(("127.0.0.1", 0), _ExecHandler)
@@ -233,7 +288,8 @@ class StandalonePods:
         try:
             pod.pid = json.loads(text[: text.index("}") + 1])["child-pid"]
             pod.init = identity(pod.pid)
-            pod.phase = "Running"
+            pod.phase, pod.started_at = "Running", datetime.now(UTC)
+            pod.version += 1
         except ValueError:
             pod.phase, pod.reason = "Failed", "StartError"
         threading.Thread(target=self._collect, args=(pod,), daemon=True).start()
@@ -255,7 +311,7 @@ class StandalonePods:
         security = {**spec.get("securityContext", {}), **spec["containers"][0].get("securityContext", {})}
         self.execs.append(command)
         proc = subprocess.Popen(
-            ["nsenter", "-t", str(pod.pid), "-p", "-m", "-n", "-i", "-u", "-r", "-w", "--", *self._user(security), *command],
+            [sys.executable, "-I", "-S", "-c", ENTER, str(pod.pid), container_dir(pod), "--", *self._user(security), *command],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
             env={"PATH": PATH, "HOSTNAME": pod.name},
         )  # fmt: skip
@@ -284,7 +340,7 @@ class StandalonePods:
 
     def _kill(self, pod: Container) -> None:
         """SIGKILL the container's PID 1 (the kernel then kills every process of its PID namespace: the
-        execs' too), then bubblewrap and the execs' nsenter. PID 1 must be killed itself: it changed
+        execs' too), then bubblewrap and the execs' runtime side. PID 1 must be killed itself: it changed
         its uid, which cleared any parent-death signal (and bubblewrap's `--die-with-parent` is not
         used: it follows the thread that started the pod, and a pool's threads end)."""
         if pod.pid is not None and alive(pod.init):
@@ -319,14 +375,20 @@ class _ExecHandler(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         request = self.rfile.readline().decode()
+        if not request:
+            return
         headers = {}
         while (line := self.rfile.readline().decode()) not in ("\r\n", "\n", ""):
             key, _, value = line.partition(":")
             headers[key.strip().lower()] = value.strip()
+        method = request.split()[0]
         url = urlparse(request.split()[1])
-        parts = url.path.strip("/").split("/")  # api v1 namespaces <ns> pods <name> exec
-        if len(parts) != 7 or parts[-1] != "exec":
+        parts = url.path.strip("/").split("/")  # api v1 namespaces <ns> pods [<name> [exec]]
+        if len(parts) < 5 or parts[:3] != ["api", "v1", "namespaces"] or parts[4] != "pods":
             return self._refuse(404, "NotFound", f"no route {url.path}")
+        if len(parts) != 7 or parts[-1] != "exec":
+            body = json.loads(self.rfile.read(int(headers.get("content-length", 0))) or b"null")
+            return self._rest(method, parts[3], parts[5] if len(parts) > 5 else "", parse_qs(url.query), body)
         namespace, name, query = parts[3], parts[5], parse_qs(url.query)
         pods = self.server.pods  # type: ignore[attr-defined]
         denied = pods.authorize(namespace, "", "pods/exec", "create")
@@ -348,6 +410,34 @@ class _ExecHandler(socketserver.StreamRequestHandler):
         self.wfile.flush()
         proc = pods.exec(pod, query.get("command", []))
         self._pump(proc)
+
+    def _rest(self, method: str, namespace: str, name: str, query: dict, body: Any) -> None:
+        """The pods' REST calls, through the fake's RBAC-enforcing CoreV1Api side."""
+        api = self.server.pods.api  # type: ignore[attr-defined]
+        try:
+            if method == "POST" and not name:
+                result: Any = api.create_namespaced_pod(namespace, body)
+            elif method == "GET" and name:
+                result = api.read_namespaced_pod(name, namespace)
+            elif method == "GET":
+                result = api.list_namespaced_pod(namespace, label_selector=query.get("labelSelector", [None])[0])
+                result = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": result.items}
+            elif method == "DELETE" and name:
+                api.delete_namespaced_pod(name, namespace)
+                result = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+            elif method == "PATCH" and name:
+                result = api.patch_namespaced_pod(name, namespace, body)
+            else:
+                return self._refuse(405, "MethodNotAllowed", f"{method} {namespace}/{name}")
+        except ApiException as e:
+            said = json.loads(e.body) if e.body else {"message": str(e.reason)}
+            return self._refuse(e.status, str(e.reason), said.get("message", ""))
+        data = json.dumps(ApiClient().sanitize_for_serialization(result)).encode()
+        code = 201 if method == "POST" else 200
+        self.wfile.write(
+            f"HTTP/1.1 {code} OK\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+        )
+        self.wfile.write(data)
 
     def _refuse(self, code: int, reason: str, message: str) -> None:
         body = json.dumps({"kind": "Status", "status": "Failure", "reason": reason, "code": code, "message": message}).encode()
@@ -434,3 +524,9 @@ class _ExecHandler(socketserver.StreamRequestHandler):
         data = self.rfile.read(n)
         key = (mask * (n // 4 + 1))[:n]
         return opcode, (int.from_bytes(data, "big") ^ int.from_bytes(key, "big")).to_bytes(n, "big")
+
+
+def fake_clients(url: str) -> tuple[CoreV1Api, CoreV1Api]:
+    """(REST, exec) CoreV1Apis of the fake API server at `url`, each on an ApiClient of its own: what
+    `PodSandboxes(clients=functools.partial(fake_clients, url))` calls in every process that holds it."""
+    return CoreV1Api(ApiClient(Configuration(host=url))), CoreV1Api(ApiClient(Configuration(host=url)))

@@ -5,13 +5,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from dagster_rl.tasks.agent.chat import ChatTurns
 from dagster_rl.tasks.agent.records import AgentReward, AgentTrajectory
 from dagster_rl.tasks.agent.rollout_hf import run_episodes
 from dagster_rl.tasks.lm.model.policy import checkpoint_bytes, load_checkpoint, load_policy, make_optimizer, save_checkpoint
 from dagster_rl.tasks.lm.settings import GRPOLMSettings, SamplingSettings
 from dagster_rl.tasks.lm.train.entrypoint import GRADS, METRICS, TrainBatch, TrainJob, launch_torchrun, write_job
 from dagster_rl.tasks.lm.train.trainer import TrainMetrics, build_samples, train_step
-from tests.agent_fixtures import ChatterSettings, agent_settings, busy_policy, request
+from tests.agent_fixtures import ChatterSettings, agent_settings, busy_policy, request, stage_of
 from tests.lm_fixtures import assert_within_summation_bound, gradient_terms, positions, run
 
 TARGETS = ("q_proj", "v_proj", "lm_head")  # linear layers only: what lm_fixtures.gradient_terms measures
@@ -24,9 +25,8 @@ def test_two_rank_step_over_trajectories_equals_the_single_process_step(tmp_path
     group = [
         request(0).model_copy(update={"trial_id": f"s0-p0-n{n}", "sample": n, "seed": n}) for n in range(5)
     ]  # one world, 5 samples
-    trajectories = run_episodes(
-        policy, group, ChatterSettings(), SamplingSettings(max_new_tokens=5), 3, 60, tmp_path / "sandboxes"
-    )
+    chatter = stage_of(ChatterSettings(), ChatTurns.of(policy.tokenizer), tmp_path / "sandboxes")
+    trajectories = run_episodes(policy, group, chatter, SamplingSettings(max_new_tokens=5))
     assert all(isinstance(t, AgentTrajectory) and 0 in t.completion_mask for t in trajectories)
     rewards = [
         AgentReward(

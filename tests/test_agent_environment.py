@@ -6,7 +6,10 @@ settings class (its section of the experiment file, with `name`), a class with `
 `verdict` and `close`, and one `register_environment(...)` call. Nothing else changes.
 """
 
+import os
 import random
+import tempfile
+import uuid
 from pathlib import Path
 from typing import Literal
 
@@ -20,7 +23,9 @@ from tests.harness import CHAIN
 from tests.lm_fixtures import ON_POLICY_ROUNDING
 
 WORDS = ("apple", "river", "stone", "cloud")
-BROKEN: set[str] = set()  # worlds whose environment raises when made (the test turns it on and off)
+# worlds whose environment raises when made, one id a line (the test writes it, then removes it): a file, since each
+# trial's environment runs in a process of its own (forked by a host that inherits this session's variable)
+BROKEN = Path(tempfile.gettempdir()) / f"dagster-rl-echo-broken-{os.environ.setdefault('DAGSTER_RL_ECHO_RUN', uuid.uuid4().hex)}"
 
 
 class EchoSettings(EnvironmentSettings):
@@ -32,7 +37,7 @@ class Echo:
     """Asks for a word a turn, from the world's seed; an episode succeeds when the agent says them all."""
 
     def __init__(self, settings: EchoSettings, world: World, seed: int, sandbox: Path):
-        if world.id in BROKEN:
+        if BROKEN.exists() and world.id in BROKEN.read_text().split():
             raise ConnectionError(f"the echo service of world {world.id} is down")
         self.wanted = random.Random(world.seed).choices(WORDS, k=settings.words)
         self.said: list[str] = []
@@ -108,12 +113,12 @@ def test_a_failing_environment_makes_failed_trials_that_a_rerun_plays_again(lab)
     within float rounding, the recovered trials' batch being another)."""
     clean = lab("echo_clean", {**ECHO, "n_steps": 1})
     assert clean.run("echo_agent", "0000", "0000").success
-    BROKEN.add("t0.1")
+    BROKEN.write_text("t0.1\n")
     try:
         broken = lab("echo_broken", {**ECHO, "n_steps": 1}, rollout=RolloutEnvironment(max_retries=1))
         assert broken.run("echo_agent", "0000", "0000").success
     finally:
-        BROKEN.clear()
+        BROKEN.unlink()
     zero = broken.latest("echo_agent", "rollouts", "0000")
     assert zero["skipped_trials"] == 4 and zero["n_trials"] == 8, zero
     assert zero["content_hash"] != clean.latest("echo_agent", "rollouts", "0000")["content_hash"]

@@ -31,13 +31,14 @@ from dagster_rl.tasks.agent.records import AgentTrajectory
 from dagster_rl.tasks.agent.rollout_hf import run_episodes
 from dagster_rl.tasks.agent.text_world import INSTRUCTIONS, SPEC, Contents, SecretSearchTextSettings
 from dagster_rl.tasks.agent.tiny import agent_tokenizer
+from dagster_rl.tasks.agent.trial_sandbox import TrialSandbox
 from dagster_rl.tasks.lm.model.logprobs import pack, packed_logprobs
 from dagster_rl.tasks.lm.model.policy import ADAPTER, checkpoint_bytes, make_optimizer
 from dagster_rl.tasks.lm.settings import SamplingSettings
 from dagster_rl.tasks.lm.train.entrypoint import TrainBatch
 from dagster_rl.tasks.lm.train.grpo_loss import grpo_batch_loss, grpo_sample_loss
 from dagster_rl.tasks.lm.train.trainer import TrainSample, _pack, build_samples, train_step
-from tests.agent_fixtures import ChatterSettings, busy_policy, request
+from tests.agent_fixtures import ChatterSettings, busy_policy, request, stage_of
 from tests.lm_fixtures import GRPO, ON_POLICY_ROUNDING, fresh_policy, step_batch
 from tests.settings import shipped_settings
 
@@ -54,7 +55,7 @@ def test_an_episode_keeps_the_sampled_ids_and_frames_observations_in_turn_marker
     chat = ChatTurns.of(tok)
     r = request(0)
     contents = Contents(WORLD, World(r.world_id, r.world_seed))
-    episode = Episode(r, SPEC, WORLD, chat, max_turns=3, timeout_s=60, sandbox_root=tmp_path)
+    episode = Episode(r, stage_of(WORLD, chat, tmp_path))
     assert (
         tok.decode(episode.prompt_ids)
         == f"<|im_start|>user\nfind {contents.clue}\ndocs: {' '.join(contents.titles)}<|im_end|>\n<|im_start|>assistant\n"
@@ -74,7 +75,7 @@ def test_an_episode_keeps_the_sampled_ids_and_frames_observations_in_turn_marker
     episode.advance(answer, [-0.25] * len(answer), "length")
     t = episode.trajectory(1.0, 1.0, 0)
     episode.close()
-    assert not any(tmp_path.iterdir()), "the sandbox outlived its episode"
+    assert not any(f for owner in tmp_path.iterdir() for f in owner.iterdir()), "the trial's folder outlived its episode"
 
     assert t.completion_token_ids[: len(spelled)] == spelled  # as sampled, not re-encoded
     observation = t.completion_token_ids[t.turns[0].action_end : t.turns[0].observation_end]
@@ -101,13 +102,13 @@ def test_an_episode_keeps_the_sampled_ids_and_frames_observations_in_turn_marker
     assert graded.components == {"correctness": 1.0, "llm": 0.4} and graded.reward == pytest.approx(1.0 + 0.5 * 0.4)
 
 
-def test_the_environment_reads_only_its_sandbox_and_ends_on_a_bad_action(tmp_path):
+def test_the_environment_reads_only_its_folder_and_ends_on_a_bad_action(tmp_path):
     chat = ChatTurns.of(agent_tokenizer())
-    episodes = [Episode(request(i), SPEC, WORLD, chat, 3, 60, tmp_path) for i in range(2)]
-    assert episodes[0].sandbox != episodes[1].sandbox and all(e.sandbox.parent == tmp_path for e in episodes)
-    (tmp_path / "secret.txt").write_text("digest 000000")  # beside the sandboxes: no action reaches it
+    episodes = [Episode(request(i), stage_of(WORLD, chat, tmp_path)) for i in range(2)]
+    assert episodes[0].folder != episodes[1].folder and all(e.folder.parent.parent == tmp_path for e in episodes)
+    (tmp_path / "secret.txt").write_text("digest 000000")  # beside the trials' folders: no action reaches it
     for action in ("open ../secret", "open secret", "next please", "delete memo", ""):
-        env = SPEC.make(WORLD, World("t0.0", 1), 0, Path(tempfile.mkdtemp(dir=tmp_path)))
+        env = SPEC.make(WORLD, World("t0.0", 1), 0, TrialSandbox(Path(tempfile.mkdtemp(dir=tmp_path)), None, "t"))
         outcome = env.step(action)
         assert outcome.done and outcome.end_reason == "bad_action" and outcome.observation == "", action
     for e in episodes:
@@ -184,9 +185,10 @@ def test_every_turns_sampled_log_probs_are_the_trainers(agent_policy, tmp_path):
     forward of the whole trajectory, observations masked) equals the sampler's to float rounding."""
     requests = [request(i) for i in range(6)]
     sampling = SamplingSettings(temperature=1.0, max_new_tokens=6)
-    outcomes = run_episodes(agent_policy, requests, ChatterSettings(), sampling, 3, 60, tmp_path)
+    chatter = stage_of(ChatterSettings(), ChatTurns.of(agent_policy.tokenizer), tmp_path)
+    outcomes = run_episodes(agent_policy, requests, chatter, sampling)
     trajectories = [o for o in outcomes if isinstance(o, AgentTrajectory)]
-    assert len(trajectories) == 6 and not any(tmp_path.iterdir())
+    assert len(trajectories) == 6 and not any(f for owner in tmp_path.iterdir() for f in owner.iterdir())
     assert all(len(t.turns) == 3 and t.end_reason == "turn_budget" for t in trajectories)
     assert len({len(t.completion_token_ids) for t in trajectories}) > 1  # turns of other lengths: rows padded apart
     agent_policy.mode(training=False)
@@ -205,7 +207,7 @@ def test_every_turns_sampled_log_probs_are_the_trainers(agent_policy, tmp_path):
         for i, t in enumerate(trajectories)
     )
     assert worst < ON_POLICY_ROUNDING, worst
-    again = run_episodes(agent_policy, requests[3:], ChatterSettings(), sampling, 3, 60, tmp_path)
+    again = run_episodes(agent_policy, requests[3:], chatter, sampling)
     assert [t.completion_token_ids for t in again] == [
         t.completion_token_ids for t in trajectories[3:]
     ]  # a retry replays its turns
@@ -213,7 +215,7 @@ def test_every_turns_sampled_log_probs_are_the_trainers(agent_policy, tmp_path):
 
 def test_the_trainers_batch_file_carries_trajectories_and_completions(tiny_dir, tmp_path):
     chat = ChatTurns.of(agent_tokenizer())
-    episode = Episode(request(0), SPEC, WORLD, chat, 1, 60, tmp_path)
+    episode = Episode(request(0), stage_of(WORLD, chat, tmp_path, max_turns=1))
     episode.advance([chat.eos_id], [-1.0], "stop")  # an empty action: a bad one, the episode ends
     trajectory = episode.trajectory(1.0, 1.0, 0)
     episode.close()
@@ -228,13 +230,13 @@ def test_the_trainers_batch_file_carries_trajectories_and_completions(tiny_dir, 
 
 
 def test_instructions_head_the_first_observation_only_when_asked(tmp_path):
-    plain = SPEC.make(WORLD, World("e0", 5), 0, tmp_path)
+    plain = SPEC.make(WORLD, World("e0", 5), 0, TrialSandbox(tmp_path, None, "e0"))
     contents = Contents(WORLD, World("e0", 5))
     assert plain.reset() == f"find {contents.clue}\ndocs: {' '.join(contents.titles)}"
     assert "instructions" not in WORLD.model_dump(mode="json")  # off: every key that holds the settings is as without it
     told = WORLD.model_copy(update={"instructions": True})
     assert told.model_dump(mode="json")["instructions"] is True
-    assert SPEC.make(told, World("e0", 5), 0, tmp_path).reset() == f"{INSTRUCTIONS}\n\n{plain.reset()}"
+    assert SPEC.make(told, World("e0", 5), 0, TrialSandbox(tmp_path, None, "e0")).reset() == f"{INSTRUCTIONS}\n\n{plain.reset()}"
 
 
 def test_smollm2s_chat_template_frames_a_trajectory_as_it_writes_the_conversation(smollm2_dir, tmp_path):
@@ -244,7 +246,7 @@ def test_smollm2s_chat_template_frames_a_trajectory_as_it_writes_the_conversatio
     chat = ChatTurns.of(tok)
     assert chat.eos_id == tok.pad_token_id == 2 and tok.decode(chat.turn_end) == "<|im_end|>\n"
     told = WORLD.model_copy(update={"instructions": True})
-    episode = Episode(request(0), SPEC, told, chat, max_turns=3, timeout_s=60, sandbox_root=tmp_path)
+    episode = Episode(request(0), stage_of(told, chat, tmp_path))
     contents = Contents(told, World(request(0).world_id, request(0).world_seed))
     action = [*tok(f"open {contents.clue}", add_special_tokens=False)["input_ids"], chat.eos_id]
     episode.advance(action, [0.0] * len(action), "stop")

@@ -40,6 +40,8 @@ OUTSIDE_KEYS = {
     "faults": "seeded fault injection, on first attempts only and retried: a step computed again, or healed, holds the "
     "same bytes (a crash of the driver is the driver's, outside the loop)",
     "driver_pod": "what the driver's pod needs on Kubernetes: where it runs, not what it computes",
+    "plugins": "the modules imported before the file is read, to register what it names: what a plugin registers is "
+    "keyed by its own code version (a text environment's `code_version`), not by the file or module that registered it",
     "generation_threads": "torch threads of generation: the same tokens and log-probs whatever the count",
     "policy.device=cpu": "where the policy runs (auto: cuda when there is one); across devices numbers agree to float "
     "rounding, and a run resumed on another device reuses every stored step",
@@ -72,6 +74,15 @@ OUTSIDE_KEYS = {
     "environments.trainer.max_retries": "environment limits: a retried update computes the same bytes",
     "environments.trainer.timeout_s": "a timeout",
     "environments.trainer.max_concurrency": "one update at a time in a range whatever it says",
+    "environments.sandbox.max_retries": "a sandbox that could not be made is made again: a program runs once",
+    "environments.sandbox.timeout_s": "how long a call waits for a free sandbox: a timeout",
+    "environments.sandbox.max_concurrency": "programs run in their trial's own sandbox, whatever runs beside them",
+    "environments.sandbox.root": "where the episodes' folders lie, which die with them",
+    "environments.sandbox.uid": "the unprivileged user programs run as: a program sees its own folder, whoever owns it",
+    "environments.sandbox.python": "the interpreter programs run on: what it is (its version) enters the rollouts' key of an "
+    "environment that runs programs (`Sandboxes.identity`), not where it lies",
+    "environments.sandbox.backend": "where programs run (bubblewrap here, a pod on a cluster): the interpreter they run on "
+    "enters the rollouts' key of an environment that runs programs (`Sandboxes.identity`)",
 }
 # The settings whose change may change float bytes within rounding (`dagster_rl.core.differences`): the
 # stored float artifacts are then another computation of the same plan (adopted by a second writer),
@@ -184,6 +195,7 @@ def _overrides(folder: Path, judge_url: str, kind: str) -> dict[str, list]:
         "task.source.path": [_gsm8k_file(folder, "b.jsonl", 1)],
         "task.environment": [{"name": "secret_search_copy"}],  # another environment (registered above)
         "task.environment.name": ["secret_search"],
+        "plugins": [["dagster_rl.tasks.agent.text_world"]],  # a module that registers a text environment
     }
 
 
@@ -192,13 +204,19 @@ def _environments(judge_url: str) -> dict:
         "rollout": {"base_url": "http://127.0.0.1:9/v1"},  # where a server would be: the in-process engines use none
         "judge": {"backend": "openai", "base_url": judge_url, "model": "judge-a"},
         "trainer": {},
+        "sandbox": {},
     }
 
 
 def _resources():
-    from resources import JudgeEnvironment, RolloutEnvironment, TrainerEnvironment
+    from resources import JudgeEnvironment, RolloutEnvironment, SandboxEnvironment, TrainerEnvironment
 
-    return {"rollout": RolloutEnvironment, "judge": JudgeEnvironment, "trainer": TrainerEnvironment}
+    return {
+        "rollout": RolloutEnvironment,
+        "judge": JudgeEnvironment,
+        "trainer": TrainerEnvironment,
+        "sandbox": SandboxEnvironment,
+    }
 
 
 def _valid(plan: Plan) -> bool:
@@ -231,7 +249,8 @@ def _build(plan: Plan, root: Path):
     rollout = resources["rollout"](**env["rollout"])
     judge = resources["judge"](artifact_store=ArtifactStoreResource(url=f"file://{root}"), **env["judge"])
     trainer = resources["trainer"](launcher=PipesTorchrunLauncher(), **env["trainer"])
-    return exp, Backends(rollout.backend_for(exp), judge.backend_for(exp), trainer.backend_for(exp, None))
+    sandboxes = resources["sandbox"](**env["sandbox"]).sandboxes()
+    return exp, Backends(rollout.backend_for(exp, sandboxes), judge.backend_for(exp), trainer.backend_for(exp, None))
 
 
 def _judge_score(body: dict) -> float:

@@ -338,7 +338,7 @@ def what_the_driver_cannot_do(values: dict, monkeypatch) -> tuple[str, list[tupl
         ("networking.k8s.io", "networkpolicies", "create"), ("networking.k8s.io", "networkpolicies", "patch"),
         ("networking.k8s.io", "networkpolicies", "delete"),
         # and dagster_rl.sandbox.pods: a pod per episode, execs into it (get: websocket execs before Kubernetes 1.30)
-        ("", "pods", "create"), ("", "pods", "get"), ("", "pods/exec", "create"), ("", "pods/exec", "get"),
+        ("", "pods", "create"), ("", "pods", "get"), ("", "pods", "patch"), ("", "pods/exec", "create"), ("", "pods/exec", "get"),
     ]  # fmt: skip
     return account, [n for n in needed if not allows(rules, *n)]
 
@@ -409,7 +409,7 @@ elif "exec" in args:
 SMOKE_CHECKS = ("create services", "patch services", "delete services", "create jobs.batch", "get jobs.batch", "list jobs.batch",
                 "delete jobs.batch", "get jobs.batch/status", "list pods", "delete pods", "get pods/log",
                 "create networkpolicies.networking.k8s.io", "patch networkpolicies.networking.k8s.io",
-                "delete networkpolicies.networking.k8s.io", "create pods", "get pods", "create pods/exec")  # fmt: skip
+                "delete networkpolicies.networking.k8s.io", "create pods", "get pods", "patch pods", "create pods/exec")  # fmt: skip
 
 
 def smoke_test_until_exec(values: dict, tmp_path) -> subprocess.CompletedProcess:

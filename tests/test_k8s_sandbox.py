@@ -13,8 +13,11 @@ mid-episode, an exec the RBAC refuses) are `SandboxUnavailable`, with every pod 
 """
 
 import os
+import pickle
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -26,7 +29,9 @@ from dagster_rl.sandbox.launcher import BOOT
 from dagster_rl.sandbox.limits import SandboxLimits
 from dagster_rl.sandbox.pod_api import OWNER_PROCESS, owner_process
 from dagster_rl.sandbox.pod_manifest import APP_LABELS, INIT, OWNER_LABEL, OWNER_POD, Owner, PodSandboxSettings, sandbox_pod
+from dagster_rl.sandbox.pod_pool import STATE_LABEL
 from dagster_rl.sandbox.pods import PodSandboxes
+from tests import REPO
 from tests.fake_kubernetes import FakeKubernetes
 from tests.machine import missing
 from tests.test_k8s_trainer import driver_account
@@ -45,7 +50,7 @@ SETTINGS = PodSandboxSettings(
 def cluster():
     if os.geteuid() != 0:
         missing("the fake kubelet plays a container runtime (namespaces, another uid): it needs root")
-    for tool in ("bwrap", "nsenter", "setpriv"):
+    for tool in ("bwrap", "setpriv"):
         if shutil.which(tool) is None:
             missing(f"the fake kubelet needs {tool}")
     fake = FakeKubernetes(rbac=driver_account())
@@ -54,9 +59,7 @@ def cluster():
 
 
 def placement(fake: FakeKubernetes, **settings) -> PodSandboxes:
-    return PodSandboxes(
-        SETTINGS.model_copy(update=settings), max_concurrency=4, max_retries=1, api=fake.core, exec_api=fake.exec_api()
-    )
+    return PodSandboxes(SETTINGS.model_copy(update=settings), max_concurrency=4, max_retries=1, clients=fake.clients())
 
 
 def traces() -> list[str]:
@@ -108,7 +111,7 @@ def test_an_episode_runs_in_a_pod_of_its_own_through_exec_and_its_pod_is_deleted
             )
             second = ws.run(Program(python="import os, sys\nprint(open('sum.txt').read(), sys.stdin.read(), os.getuid(), os.getcwd())", stdin=b"fed"), LIMITS)  # fmt: skip
             (pod,) = [p for p in cluster.pods.pods.values()]
-            assert pod.name == ws.pod.name
+            assert pod.name == ws.pod
         assert (first.outcome, second.outcome) == ("exit", "exit") and second.stdout == "6 fed 65534 /work\n"
     # the pod as admitted: no token, the policy's labels, the tier's limits, a non-root user
     spec, meta = pod.manifest["spec"], pod.manifest["metadata"]
@@ -199,30 +202,77 @@ def test_the_driver_stops_a_call_whose_launcher_cannot(cluster):
     assert LIMITS.wall_s + SETTINGS.exec_grace_s <= call.seconds < LIMITS.wall_s + SETTINGS.exec_grace_s + SLACK_S
 
 
+def warm_pods(fake: FakeKubernetes) -> set[str]:
+    return {
+        p.name
+        for p in fake.pods.pods.values()
+        if p.manifest["metadata"]["labels"].get(STATE_LABEL) == "warm" and p.phase == "Running"
+    }
+
+
+def wait_for(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert condition()
+
+
 def test_a_pod_is_never_reused_and_the_pool_starts_pods_ahead(cluster):
     with placement(cluster, pool_size=2) as sandboxes:
         sandboxes.check()
-        deadline = time.monotonic() + 10
-        while len(sandboxes._warm) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        warm = {p.name for p in sandboxes._warm}
-        assert len(warm) == 2
+        wait_for(lambda: len(warm_pods(cluster)) == 2)
+        warm = warm_pods(cluster)
         seen = []
         for i in range(3):
             with sandboxes.open(f"e{i}") as ws:
-                seen.append(ws.pod.name)
+                seen.append(ws.pod)
                 call = ws.run(Program(python="import os\nprint(sorted(os.listdir('.')))\nopen('mine', 'w').write('x')"), LIMITS)
                 assert call.stdout == "[]\n"  # nothing of an earlier episode
-        assert len(set(seen)) == 3 and set(seen[:2]) == warm  # the first two were warm
+            wait_for(lambda: len(warm_pods(cluster)) == 2)  # the driver refills the pool
+        assert len(set(seen)) == 3 and seen[0] in warm  # the first was warm
     nothing_left(cluster)
+
+
+def test_a_copy_in_another_process_takes_a_warm_pod_and_never_one_another_episode_holds(cluster, tmp_path):
+    """A trial's environment runs in a process of its own, which receives the placement pickled: it
+    takes a warm pod of the driver's pool (a conditional update: never one another episode holds),
+    runs its program there, and deletes the pod; the driver refills the pool."""
+    with placement(cluster, pool_size=1) as sandboxes:
+        sandboxes.check()
+        wait_for(lambda: len(warm_pods(cluster)) == 1)
+        (warm,) = warm_pods(cluster)
+        with sandboxes.open("driver's") as mine:  # the driver takes the warm pod itself
+            assert mine.pod == warm
+            wait_for(lambda: len(warm_pods(cluster)) == 1)
+            (next_warm,) = warm_pods(cluster)
+            child = subprocess.run(
+                [sys.executable, "-c", CHILD], input=pickle.dumps(sandboxes), capture_output=True, timeout=120,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+            )  # fmt: skip
+            assert child.returncode == 0, child.stderr.decode()[-3000:]
+            pod, stdout = child.stdout.decode().split(" ", 1)
+            assert pod == next_warm != mine.pod and stdout == "42\n"
+            assert (NS, pod) not in cluster.pods.pods  # the child deleted its pod
+            assert mine.run(Program(python="print(1)"), LIMITS).stdout == "1\n"
+    nothing_left(cluster)
+
+
+CHILD = """import pickle, sys
+from dagster_rl.sandbox.calls import Program
+from dagster_rl.sandbox.limits import SandboxLimits
+sandboxes = pickle.loads(sys.stdin.buffer.read())
+assert not sandboxes.creator
+with sandboxes.open("child") as ws:
+    call = ws.run(Program(python="print(6 * 7)"), SandboxLimits())
+    print(ws.pod, call.stdout, end="")
+"""
 
 
 def test_the_tier_holds_at_most_max_concurrency_pods_for_episodes(cluster):
     """A second episode waits for the first one's pod to go; past `slot_timeout_s` it is infrastructure."""
     sandboxes = PodSandboxes(
-        SETTINGS.model_copy(update={"slot_timeout_s": 2.0}), max_concurrency=1, max_retries=0, api=cluster.core,
-        exec_api=cluster.exec_api(),
-    )  # fmt: skip
+        SETTINGS.model_copy(update={"slot_timeout_s": 2.0}), max_concurrency=1, max_retries=0, clients=cluster.clients()
+    )
     first = sandboxes.open("a")
     threading.Timer(0.5, first.close).start()
     t0 = time.monotonic()
@@ -256,8 +306,8 @@ def test_a_pod_that_cannot_run_is_sandbox_unavailable_and_deleted(cluster, setup
 def test_a_pod_deleted_during_an_episode_fails_its_calls_as_infrastructure(cluster):
     with placement(cluster) as sandboxes, sandboxes.open("e") as ws:
         assert ws.run(Program(python="print(1)"), LIMITS).outcome == "exit"
-        cluster.core.delete_namespaced_pod(ws.pod.name, NS)
-        with pytest.raises(SandboxUnavailable, match=rf"sandbox pod {ws.pod.name} \(episode e\): it is gone"):
+        cluster.core.delete_namespaced_pod(ws.pod, NS)
+        with pytest.raises(SandboxUnavailable, match=rf"sandbox pod {ws.pod} \(episode e\): it is gone"):
             ws.run(Program(python="print(2)"), LIMITS)
         with pytest.raises(SandboxUnavailable, match="is lost"):
             ws.write("x", b"x")
@@ -271,7 +321,7 @@ def test_closing_an_episode_during_a_call_deletes_its_pod_and_fails_the_call(clu
     ws = sandboxes.open("e")
     threading.Timer(0.5, ws.close).start()
     t0 = time.monotonic()
-    with pytest.raises(SandboxUnavailable, match=rf"sandbox pod {ws.pod.name} \(episode e\)"):
+    with pytest.raises(SandboxUnavailable, match=rf"sandbox pod {ws.pod} \(episode e\)"):
         ws.run(Program(python=f"# {MARK}\nimport time\ntime.sleep(30)"), LIMITS)
     assert time.monotonic() - t0 < SLACK_S
     nothing_left(cluster)
@@ -311,7 +361,7 @@ def test_pods_of_a_driver_that_is_gone_are_removed_and_a_live_drivers_kept(clust
     ]
     assert made["annotations"][OWNER_POD] == "driver"
     with placement(cluster) as sandboxes, sandboxes.open("e") as ws:
-        assert cluster.pods.pods[(NS, ws.pod.name)].manifest["metadata"]["annotations"][OWNER_PROCESS] == owner_process()
+        assert cluster.pods.pods[(NS, ws.pod)].manifest["metadata"]["annotations"][OWNER_PROCESS] == owner_process()
     assert sorted(cluster.objects()["pods"]) == ["driver", "drl-sandbox-owner-pod-alive", "drl-sandbox-process-alive"]
     for name in ("driver", "drl-sandbox-owner-pod-alive", "drl-sandbox-process-alive"):
         cluster.core.delete_namespaced_pod(name, NS)
@@ -320,5 +370,5 @@ def test_pods_of_a_driver_that_is_gone_are_removed_and_a_live_drivers_kept(clust
 
 def test_limits_that_do_not_fit_the_pod_are_refused_before_any_pod(cluster):
     with pytest.raises(ValueError, match=r"memory_mb 2048 does not fit a sandbox pod: its memory_limit 1Gi leaves 816 MiB"):
-        PodSandboxes(SETTINGS, 4, 2, api=cluster.core, exec_api=cluster.exec_api(), limits=SandboxLimits(memory_mb=2048))
+        PodSandboxes(SETTINGS, 4, 2, clients=cluster.clients(), limits=SandboxLimits(memory_mb=2048))
     assert cluster.calls == []

@@ -87,6 +87,27 @@ def test_two_processes_provisioning_at_once_end_with_one_folder(tmp_path):
     assert (expected / "writer").read_text() in ("first", "second")
 
 
+def test_a_converted_folder_that_no_longer_matches_its_manifest_is_converted_again(monkeypatch, tmp_path):
+    """Finding 3 of issue 36, for a packaged model: the cache's rule (tests/test_lm_model_cache.py)."""
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"a stand-in for the GGUF file")
+    conversions = []
+
+    def convert(source, directory):
+        conversions.append(source)
+        (directory / "config.json").write_text("{}")
+        (directory / "model.safetensors").write_bytes(b"weights" * 100)
+        return directory
+
+    monkeypatch.setattr(packaged, "gguf_path", lambda name: gguf)
+    monkeypatch.setattr(packaged, "convert_gguf", convert)
+    folder = packaged.provision("smollm2-135m-instruct", tmp_path / "cache")
+    assert packaged.provision("smollm2-135m-instruct", tmp_path / "cache") == folder and len(conversions) == 1
+    (folder / "model.safetensors").write_bytes(b"weights")  # truncated
+    assert packaged.provision("smollm2-135m-instruct", tmp_path / "cache") == folder and len(conversions) == 2
+    assert (folder / "model.safetensors").read_bytes() == b"weights" * 100
+
+
 def test_a_missing_package_names_the_command_that_installs_it(monkeypatch, tmp_path):
     monkeypatch.setattr(packaged, "_package_dir", lambda package: None)
     monkeypatch.setenv("DAGSTER_RL_MODEL_CACHE", str(tmp_path))

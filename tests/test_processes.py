@@ -8,12 +8,14 @@ then finds every step done. While a step runs, its progress reaches the run's lo
 
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
 
@@ -23,7 +25,7 @@ from tests import REPO
 from tests.cli_runs import BIN, CONSOLE, home_with, materialize, train_until, weights_steps
 from tests.openai_stub import OpenAIStub, judge_on
 from tests.servers import wait_until
-from tests.settings import demo_settings
+from tests.settings import demo_settings, served
 
 STEP_LINE = re.compile(r"^\d\d:\d\d:\d\d step (\d{4})  24/24 trials  mean reward \d\.\d{3}  cache ([a-z, ]+)  \d+\.\d\d s$")
 
@@ -195,6 +197,70 @@ def test_a_killed_materialize_takes_its_step_process_along_and_the_next_run_fail
         failure = [e.dagster_event.message for e in instance.all_logs(run.run_id, of_type=DagsterEventType.RUN_FAILURE)]
         assert failure and f"its process {first.pid} on" in failure[-1] and "is gone" in failure[-1]
     assert [m.group(1) for line in out.splitlines() if (m := STEP_LINE.match(line))] == ["0000", "0001", "0002"], out
+
+
+def running(process: psutil.Process) -> bool:
+    """Whether the process runs (the same process: psutil checks its start time), not a zombie."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def step_running(home: Path) -> bool:
+    """Whether the newest run of the instance has a step process."""
+    with DagsterInstance.from_config(str(home)) as instance:
+        runs = instance.get_runs(limit=1)
+        return bool(runs) and bool(step_worker_pids(instance, runs[0].run_id))
+
+
+@pytest.mark.parametrize("step", ["slow", "deaf"])
+def test_a_killed_dagster_rl_train_takes_every_process_it_started_along(tmp_path, step):
+    """Finding 2 of issue 36: after `kill -9` of `dagster-rl train`, its child (the run's process)
+    went on running the step for minutes. Every process it started is gone within seconds: with a
+    slow step (`slow`: the demo's step delay), and with a step that does not answer its interruption
+    (`deaf`: its generation waits on a rollout server that never answers, in a thread the step must
+    wait for)."""
+    with socket.create_server(("127.0.0.1", 0)) as deaf:  # accepts connections (the kernel does) and never answers
+        if step == "slow":
+            home, env = home_with(tmp_path, demo_settings(name="slow", n_steps=8, faults={"step_delay_s": 60.0}))
+        else:
+            home, env = home_with(tmp_path, served(name="deaf", n_steps=2, warmup=None))
+            env["DAGSTER_RL_ROLLOUT_URL"] = f"http://127.0.0.1:{deaf.getsockname()[1]}/v1"
+        train = subprocess.Popen(
+            [str(BIN / "dagster-rl"), "train", step], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        started: list[psutil.Process] = []
+        try:
+            wait_until(lambda: step_running(home), 120, 0.3, lambda: "no step process started")
+            if step == "slow":
+                time.sleep(3)  # step 0000 judged, in its delay
+            else:  # step 0000's generation has asked the server
+                wait_until(lambda: select.select([deaf], [], [], 0)[0], 120, 0.3, lambda: "nothing asked the rollout server")
+            started += psutil.Process(train.pid).children(recursive=True)
+            assert len(started) >= 3, started  # the run's process, its step process, Dagster's log tails
+            os.kill(train.pid, signal.SIGKILL)
+            train.wait(10)
+            t0 = time.monotonic()
+            wait_until(
+                lambda: not [p for p in started if running(p)],
+                20,
+                0.2,
+                lambda: f"still running: {[p.pid for p in started if running(p)]}",
+            )
+            print(f"{step}: every process `dagster-rl train` started was gone {time.monotonic() - t0:.1f} s after its kill")
+            with DagsterInstance.from_config(str(home)) as instance:
+                [run] = instance.get_runs()
+            if step == "slow":  # interrupted in time: canceled, as a Ctrl-C cancels it
+                assert run.status == DagsterRunStatus.CANCELED, run.status
+            else:  # killed (its step never stopped): the next run of the experiment marks it failed (as below)
+                assert run.status == DagsterRunStatus.STARTED, run.status
+        finally:  # whatever the test found, nothing of it outlives the test
+            for p in started:
+                if running(p):
+                    p.kill()
+            train.kill()
 
 
 def test_a_runs_process_tag_says_whether_its_process_is_gone_and_tags_of_earlier_versions_read_the_same():

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -485,3 +486,27 @@ def test_hundreds_of_concurrent_connections_each_get_their_own_completion(server
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason, r
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5), r
     assert complete(server)[0] == 200
+
+
+DEEP = 100_000  # the issue's depth: far past Python's recursion limit (1,000)
+
+
+@pytest.mark.parametrize(
+    "path, body, said",
+    [
+        ("/completions", "[" * DEEP + "]" * DEEP, "nested too deep"),  # the issue's: a 500 RecursionError
+        ("/completions", f'{{"model": "{TINY}", "prompt": ' + "[" * DEEP + "]" * DEEP + "}", "nested too deep"),
+        ("/load_lora_adapter", '{"lora_name": ' + '{"a": ' * DEEP + "1" + "}" * DEEP + "}", "nested too deep"),
+        # nested less than Python's limit: read, then refused by the field's validation
+        ("/completions", f'{{"model": "{TINY}", "max_tokens": 3, "prompt": ' + '{"a": ' * 900 + "1" + "}" * 900 + "}", "prompt"),
+        ("/completions", f'{{"model": "{TINY}", "max_tokens": 3, "prompt": [1], "stop": ' + "[" * 900 + "]" * 900 + "}", "stop"),
+    ],
+)
+def test_a_body_nested_too_deep_is_a_400_in_vllms_format(server, path, body, said):
+    """Finding 5 of issue 36: JSON nested 100,000 deep was a 500 RecursionError."""
+    reply = httpx.post(server.base_url + path, content=body.encode(), headers={"Content-Type": "application/json"}, timeout=60)
+    error = reply.json()["error"]
+    assert (reply.status_code, error["type"], error["code"]) == (400, "BadRequestError", 400), reply.text[:500]
+    assert said in error["message"], error["message"][:500]
+    assert complete(server)[0] == 200  # the server answers the next request as ever
+    assert "500" not in re.findall(r'HTTP/1.1" (\d+)', server.log())

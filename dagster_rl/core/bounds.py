@@ -85,3 +85,7 @@ MAX_REWARD_WEIGHT = 1e6
 # secret_search: turns of one episode (an agent reads at most one document a turn, and a world
 # holds at most 1,000 documents).
 MAX_TURNS = 1000
+
+# Modules an experiment imports before it is read (`plugins`): a list a person writes, one module per
+# task kind or environment it registers.
+MAX_PLUGINS = 64

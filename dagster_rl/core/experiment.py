@@ -4,12 +4,14 @@ Each task subclasses `Experiment` with its own `task`, rubric and training setti
 `dagster_rl.core.task`); `dagster_rl.core.experiment_files` reads the YAML files into those classes.
 """
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from dagster_rl.core import bounds
 from dagster_rl.core.hashing import content_hash
+from dagster_rl.core.plugins import check_reference
 from dagster_rl.core.strict import Strict
 from dagster_rl.runtime.pods import PodResources
 
@@ -71,6 +73,14 @@ class Experiment(Strict):
         description="the experiment this one starts from: its settings, overridden by what this file names; it shares "
         "the parent's artifact cache",
     )
+    plugins: list[str] = Field(
+        [],
+        max_length=bounds.MAX_PLUGINS,
+        description="user code imported before the rest of this file is read, in every process that reads it: "
+        "`file.py` (a file in the experiments folder) or `package.module` (on the Python path), each registering "
+        "what the file names (a task kind, a text environment: docs/agents.md); a fork inherits its parent's list "
+        "unless it gives its own. In no cache key: what a plugin computes is keyed by its own code version",
+    )
     seed: int = Field(0, ge=bounds.SEED_MIN, le=bounds.SEED_MAX, description="64-bit")
     n_steps: int = Field(ge=1, le=bounds.MAX_STEPS, description="training steps: the partitions 0000 to n_steps - 1")
     prompts_per_step: int = Field(
@@ -86,6 +96,23 @@ class Experiment(Strict):
         None, description="on Kubernetes (k8s_job_executor): what the driver's step pod needs (and in-process rollouts)"
     )
     _fork_root: str | None = PrivateAttr(None)  # set by `experiment_files` when it resolves a chain of forks
+    _folder: str | None = PrivateAttr(None)  # the experiments folder it was read from (set by `experiment_files`)
+
+    @property
+    def folder(self) -> Path | None:
+        """The experiments folder this experiment was read from (where its plugin files are), if any."""
+        return Path(self._folder) if self._folder else None
+
+    def plugin_files(self) -> tuple[tuple[str, str | None], ...]:
+        """Its plugins as another process imports them: (reference, the experiments folder) each."""
+        return tuple((p, self._folder) for p in self.plugins)
+
+    @field_validator("plugins")
+    @classmethod
+    def _plugin_references(cls, v: list[str]) -> list[str]:
+        for reference in v:
+            check_reference(reference)  # a PluginError (a ValueError) saying what to write
+        return v
 
     @field_validator("n_samples")
     @classmethod
@@ -142,7 +169,7 @@ class Experiment(Strict):
         return [step_key(i) for i in range(self.n_steps)]
 
     NOT_TRAINING: ClassVar[frozenset[str]] = frozenset(
-        {"name", "description", "fork_of", "n_steps", "faults", "checks", "driver_pod"}
+        {"name", "description", "fork_of", "plugins", "n_steps", "faults", "checks", "driver_pod"}
     )
 
     def training_inputs(self) -> dict[str, Any]:

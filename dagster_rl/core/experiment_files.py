@@ -7,6 +7,12 @@ as text), and text is never coerced into a number (`n_steps: "4"` is refused, na
 A fork (`fork_of: parent`) starts from its parent's settings and overrides what it names; it is its
 own asset group but shares the artifact cache, since artifacts are keyed by content, not by name.
 
+An experiment's `plugins` (files of its folder, or modules: `dagster_rl.core.plugins`) are imported
+before the rest of it is validated, so the task kind or text environment a plugin registers is known
+in every process that reads the file (the CLI, the code location, a run's step process). A folder's
+files have all their plugins imported before any file is validated: whether a file is valid never
+depends on the order the files are read in.
+
 `read_experiments` reads a folder file by file: an invalid file is reported (with its path, the
 field and the reason) and the others stay usable; `load_experiments` refuses the folder instead.
 """
@@ -25,6 +31,7 @@ from pydantic import ValidationError
 
 from dagster_rl.core.errors import ExperimentError
 from dagster_rl.core.experiment import Experiment
+from dagster_rl.core.plugins import PluginError, import_plugins
 from dagster_rl.core.task import task_of
 
 SUFFIXES = (".yaml", ".yml")
@@ -140,14 +147,21 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return raw
 
 
-def parse_experiment(raw: dict[str, Any]) -> Experiment:
-    """Validate settings against the experiment class of their `task.kind`."""
-    return task_of(_kind_of(raw)).experiment.model_validate(raw)
+def parse_experiment(raw: dict[str, Any], folder: Path | None = None) -> Experiment:
+    """Import the settings' `plugins` (a file among them is read from `folder`, the experiments
+    folder), then validate the settings against the experiment class of their `task.kind`: a task
+    kind or text environment that a plugin registers is known by then."""
+    import_plugins(raw.get("plugins"), folder)
+    exp = task_of(_kind_of(raw)).experiment.model_validate(raw)
+    exp._folder = str(folder) if folder is not None else None
+    return exp
 
 
 def _validate(path: Path, raw: dict[str, Any]) -> Experiment:
     try:
-        return parse_experiment(raw)
+        return parse_experiment(raw, path.parent)
+    except PluginError as e:
+        raise ExperimentError(_plugin_error(path, e)) from None
     except ValidationError as e:
         problems = "; ".join(
             f"field '{'.'.join(str(p) for p in err['loc']) or '<root>'}': {err['msg']}{_got(err)}" for err in e.errors()
@@ -155,6 +169,10 @@ def _validate(path: Path, raw: dict[str, Any]) -> Experiment:
         raise ExperimentError(f"{path}: invalid experiment: {problems}") from None
     except ValueError as e:
         raise ExperimentError(f"{path}: invalid experiment: field 'task.kind': {e}") from None
+
+
+def _plugin_error(path: Path, error: PluginError) -> str:
+    return f"{path}: invalid experiment: field 'plugins': {error}"
 
 
 BOUNDS = ("less_than_equal", "less_than", "greater_than_equal", "greater_than")
@@ -227,10 +245,26 @@ def read_experiments(directory: Path) -> ExperimentFiles:
         parent = by_name[name][1].get("fork_of")
         return name if parent is None else root(parent)  # resolved() refused missing parents and cycles
 
-    experiments = {}
+    raws = {}
     for name, (path, _) in by_name.items():
         try:
-            experiments[name] = _validate(path, resolved(name, (name,)))
+            raws[name] = resolved(name, (name,))
+        except ExperimentError as e:
+            errors[str(path)] = str(e)
+    # every file's plugins before any file is validated: what one registers is known to all of them, whatever their order
+    for name, raw in raws.items():
+        path = by_name[name][0]
+        try:
+            import_plugins(raw.get("plugins"), directory)
+        except PluginError as e:
+            errors[str(path)] = _plugin_error(path, e)
+    experiments = {}
+    for name, raw in raws.items():
+        path = by_name[name][0]
+        if str(path) in errors:
+            continue
+        try:
+            experiments[name] = _validate(path, raw)
         except ExperimentError as e:
             errors[str(path)] = str(e)
             continue

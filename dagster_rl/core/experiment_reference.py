@@ -75,7 +75,7 @@ each other's steps wherever they compute alike: a fork that changes only `n_step
 rate computes its own weights from step 0. A range of a fork may start from weights its parent
 trained. An experiment that merely has the same settings under another name, without `fork_of`, is
 its own family and trains its own weights. Settings in no key: `name`, `description`, `fork_of`,
-`n_steps`, `faults`, `checks`, `driver_pod`, and for language models `generation_threads`,
+`plugins`, `n_steps`, `faults`, `checks`, `driver_pod`, and for language models `generation_threads`,
 `trainer` (but its world size) and `rollout` (but its engine, which is in the rollouts' key).
 """
 
@@ -134,6 +134,8 @@ def _bounds(metadata: list[Any]) -> str:
             value = getattr(m, attr, None)
             if isinstance(m, getattr(annotated_types, attr.capitalize())) and value is not None:
                 parts.append(f"{sign} {_number(value)}")
+        if isinstance(m, annotated_types.MaxLen):
+            parts.append(f"at most {_number(m.max_length)} entries")
         pattern = getattr(m, "pattern", None)
         if pattern:
             parts.append(f"matches `{pattern}`")

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.core.hashing import content_hash
-from dagster_rl.core.records import STATS
+from dagster_rl.core.records import CALL_TIMES, STATS, CallTimes, call_times_key
 from dagster_rl.store.artifact_store import DATA, ArtifactStore
 
 
@@ -81,6 +81,7 @@ class TrialLineage(BaseModel):
     seed: int
     trajectory: dict  # the rollouts record's entry
     reward: dict | None  # the rewards record's entry; None: the trial was skipped (its judging failed)
+    call_seconds: list[list[float]] | None = None  # the wall times of its programs, per turn, when it ran any
 
 
 def trial_of(store: ArtifactStore, chain: list[StepLineage], trial_id: str) -> TrialLineage:
@@ -90,12 +91,15 @@ def trial_of(store: ArtifactStore, chain: list[StepLineage], trial_id: str) -> T
             continue
         trajectories = json.loads(store.get("rollouts", s.rollouts_key, DATA))["trajectories"]
         rewards = json.loads(store.get("rewards", s.rewards_key, DATA))["rewards"]
+        trajectory = next(t for t in trajectories if t["trial_id"] == trial_id)
+        times = call_times_key(trajectory)
         return TrialLineage(
             step=s.step,
             trial_id=trial_id,
             seed=s.seeds[trial_id],
-            trajectory=next(t for t in trajectories if t["trial_id"] == trial_id),
+            trajectory=trajectory,
             reward=next((r for r in rewards if r["trial_id"] == trial_id), None),
+            call_seconds=store.get_model(CALL_TIMES, times, CallTimes).seconds if store.exists(CALL_TIMES, times) else None,
         )
     some = sorted(t for s in chain[:1] for t in s.seeds)[:3]
     raise DagsterRLError(

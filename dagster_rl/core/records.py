@@ -8,9 +8,11 @@ traced back to step 0 (`dagster_rl.core.lineage`):
     weights   the task's files, with a `TrainedFrom` record: the weights and rewards it came from
 """
 
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
+
+from dagster_rl.core.hashing import cache_key, content_hash
 
 T = TypeVar("T")  # a task's trajectory
 R = TypeVar("R")  # a task's reward
@@ -67,3 +69,20 @@ class TrainedFrom(Record):
 
 
 STATS = "stats.json"  # the file of a trained weights artifact that holds its `TrainedFrom` record
+
+
+CALL_TIMES = "call_times"  # the artifact kind of the wall times of a trajectory's programs
+
+
+class CallTimes(Record):
+    """The wall time of each program a trial's environment ran, per turn (seconds). Times differ from
+    run to run and a trajectory must not: they are stored beside it, under its content
+    (`call_times_key`), the first writer's kept; `dagster-rl lineage --trial` shows them."""
+
+    trial_id: str
+    seconds: list[list[float]]
+
+
+def call_times_key(trajectory: Any) -> str:
+    """The key of a trajectory's call times: its content (a record, or its JSON as the rollouts store it)."""
+    return cache_key(CALL_TIMES, "call-times-1", trajectory=content_hash(trajectory))

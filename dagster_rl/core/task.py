@@ -61,6 +61,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar, overload
 
 from pydantic import BaseModel
 
+from dagster_rl.core import plugins
 from dagster_rl.core.checks import CheckOutcome
 from dagster_rl.core.experiment import Experiment
 from dagster_rl.core.progress import Progress
@@ -239,12 +240,15 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class RolloutEnv:
-    """What the rollout environment gives a backend: its limits, a folder for trials' scratch, and
-    the inference server it runs against (none: the backend generates in this process)."""
+    """What the rollout environment gives a backend: its limits, a folder for trials' scratch, the
+    inference server it runs against (none: the backend generates in this process), and the sandbox
+    tier's placement, where programs an environment runs go (`dagster_rl.sandbox.placement.Sandboxes`;
+    none: the default, bubblewrap on this machine)."""
 
     limits: Limits
     scratch_dir: Path
     endpoint: Endpoint | None = None
+    sandboxes: Any = None
 
 
 @dataclass(frozen=True)
@@ -366,8 +370,16 @@ def task_kinds() -> list[str]:
 
 
 def task_of(kind: str) -> Task:
+    """The task registered as `kind`: a built-in one (imported on first use), one an experiment's
+    `plugins` registered, or one an installed plugin registers (`dagster_rl.core.plugins`: the
+    entry points are imported at the first kind not found)."""
     if kind not in _REGISTERED and kind in BUILTIN_TASKS:
         importlib.import_module(BUILTIN_TASKS[kind])
     if kind not in _REGISTERED:
-        raise ValueError(f"{kind!r} is not a task kind; use one of {task_kinds()}")
+        failed = plugins.installed_failures()
+        if kind not in _REGISTERED:
+            raise ValueError(
+                f"{kind!r} is not a task kind; use one of {task_kinds()}, or name the module that registers yours in the "
+                f"experiment's `plugins`{failed}"
+            )
     return _REGISTERED[kind]

@@ -1,5 +1,5 @@
 """A process that must not outlive its parent: the driver, in a step process of Dagster's
-multiprocess executor.
+multiprocess executor; the run's process that `dagster-rl train` starts.
 
 A SIGKILL of the run worker (or of `dagster asset materialize`, which orchestrates in its own
 process) does not reach the step process it started: reparented to pid 1, the driver would go on
@@ -7,6 +7,13 @@ walking its range of steps and writing into a run nobody watches. `die_with_pare
 parent from a thread, through the pipe `multiprocessing` keeps open between them (it reads as
 closed the moment the parent dies, whatever killed it), and then kills the process's own children
 (a trainer's `torchrun` and its workers) and the process itself, at once.
+
+`dagster-rl train` runs its run in a child process of a session of its own, which watches the
+end of a pipe that only `dagster-rl train` holds open (`interrupt_when_gone`): once it reads closed,
+the child interrupts itself, as a Ctrl-C would (Dagster records the run canceled, its steps stop
+their workers), and if that has not ended it within `GRACE_S` (a step that does not answer its
+interruption: inside a native call, or waiting for a thread that waits on a server) it kills its
+descendants and itself, as `die_with_parent` does.
 
 A trainer session's workers outlive a step, not the driver: they are not always its descendants
 when it dies (a SIGKILL of the driver itself reparents them), so they watch it by its identity
@@ -18,6 +25,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 
 import psutil
 
@@ -40,6 +48,27 @@ def die_with_parent() -> bool:
 def _watch(parent) -> None:
     parent.join()  # returns when the pipe to the parent closes: the parent is gone
     kill_tree(os.getpid())
+
+
+GRACE_S = 5.0  # an interrupted run's process ends in about 1.5 s here (its steps stop, Dagster records the run)
+
+
+def interrupt_when_gone(fd: int, grace_s: float = GRACE_S) -> None:
+    """Watch, from a thread, the read end `fd` of a pipe whose write end the parent alone holds: when
+    it reads closed (the parent is gone, whatever ended it), SIGINT this process, then, if it still
+    runs `grace_s` later, SIGKILL its descendants and itself."""
+
+    def watch() -> None:
+        try:
+            while os.read(fd, 1):
+                pass
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(grace_s)
+        kill_tree(os.getpid())
+
+    threading.Thread(target=watch, name="dagster-rl-parent", daemon=True).start()
 
 
 def children(pid: int) -> list[int]:

@@ -26,10 +26,8 @@ of that many slot files (`flock`) while it runs.
 """
 
 import errno
-import fcntl
 import json
 import os
-import secrets
 import selectors
 import shutil
 import signal
@@ -41,10 +39,11 @@ from pathlib import Path
 from types import TracebackType
 
 from dagster_rl.sandbox.calls import Call, CallOutcome, Program, SandboxUnavailable
-from dagster_rl.sandbox.folders import owner_folder, remove_orphans, remove_tree
+from dagster_rl.sandbox.folders import remove_tree, trial_folder
 from dagster_rl.sandbox.launcher import SOURCE, rlimits
 from dagster_rl.sandbox.limits import SandboxLimits
-from dagster_rl.sandbox.outcomes import ENV, WORK, Bounded, call_record, check_file_name, plain
+from dagster_rl.sandbox.outcomes import ENV, WORK, Bounded, call_record, check_file_name
+from dagster_rl.sandbox.slots import Slot
 
 INSTALL = "install bubblewrap (Debian and Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install bubblewrap`)"
 TMP_MB = 16  # the private /tmp, in memory
@@ -69,6 +68,7 @@ class BubblewrapSandboxes:
     slot_timeout_s: float = 600.0
     name: str = "bubblewrap"
     _checked: bool = field(default=False, repr=False)
+    _identity: str = field(default="", repr=False)
 
     def check(self) -> None:
         """A `SandboxUnavailable` naming what to install or allow when no sandbox can be made here.
@@ -87,15 +87,28 @@ class BubblewrapSandboxes:
             raise SandboxUnavailable(f"a sandbox was made but a program printing 42 gave {call!r}")
         self._checked = True
 
+    def identity(self) -> str:
+        if not self._identity:
+            try:
+                version = subprocess.run(
+                    [self.python, "-I", "-S", "-c", "import sys; print(sys.version)"], capture_output=True, text=True, timeout=60
+                ).stdout.strip()
+            except OSError as e:
+                raise SandboxUnavailable(f"the sandbox's interpreter {self.python} could not be run: {e}") from None
+            self._identity = f"python {version}"
+        return self._identity
+
     def open(self, label: str) -> "BubblewrapWorkspace":
-        if not hasattr(self, "_orphans_removed"):
-            remove_orphans(self.root)  # the folders of processes killed before they could remove theirs
-            self._orphans_removed = True
-        folder = owner_folder(self.root) / f"{plain(label)}-{secrets.token_hex(4)}"
-        folder.mkdir(mode=0o700)
+        folder = trial_folder(self.root, label)  # the folders of processes killed before they removed theirs go first
         if os.geteuid() == 0:
+            _let_enter(self.root)
             os.chown(folder, self.uid, self.uid)
         return BubblewrapWorkspace(self, folder)
+
+
+def default_sandboxes() -> BubblewrapSandboxes:
+    """The embedded default: bubblewrap on this machine, under `default_root()`."""
+    return BubblewrapSandboxes(default_root())
 
 
 def default_root() -> Path:
@@ -220,6 +233,13 @@ class BubblewrapWorkspace:
         ]
 
 
+def _let_enter(folder: Path) -> None:
+    """Let other users enter (not list) a folder this process owns: the sandbox's user must pass through it."""
+    mode = folder.stat().st_mode
+    if mode & 0o011 != 0o011 and folder.stat().st_uid == os.geteuid():
+        folder.chmod((mode | 0o011) & 0o7777)
+
+
 def _system_binds(python: str) -> list[str]:
     """What the interpreter needs, read-only: /usr, the merged-/usr links (or the folders where
     they are folders), and the interpreter's own prefix when it lies outside /usr."""
@@ -313,32 +333,7 @@ def _folder_bytes(folder: Path) -> int:
     return total
 
 
-class _slot:
+def _slot(s: BubblewrapSandboxes) -> Slot:
     """One of `max_concurrency` slot files under the root, locked while a sandbox runs."""
-
-    def __init__(self, sandboxes: BubblewrapSandboxes):
-        self.sandboxes, self.fd = sandboxes, -1
-
-    def __enter__(self) -> "_slot":
-        s = self.sandboxes
-        slots = s.root / ".slots"
-        slots.mkdir(parents=True, exist_ok=True)
-        deadline = time.monotonic() + s.slot_timeout_s
-        while True:
-            for i in range(s.max_concurrency):
-                fd = os.open(slots / f"{i}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                self.fd = fd
-                return self
-            if time.monotonic() > deadline:
-                raise SandboxUnavailable(
-                    f"every one of the {s.max_concurrency} sandbox slots under {s.root} stayed busy for {s.slot_timeout_s} s"
-                )
-            time.sleep(0.005)
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)  # closing the descriptor releases the lock
+    busy = f"every one of the {s.max_concurrency} sandbox slots under {s.root} stayed busy for {s.slot_timeout_s} s"
+    return Slot(s.root / ".slots", s.max_concurrency, s.slot_timeout_s, busy)

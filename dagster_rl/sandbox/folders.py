@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import stat
+import tempfile
 from pathlib import Path
 
 from dagster_rl.core.errors import SandboxError
@@ -31,6 +32,18 @@ def owner_folder(root: Path) -> Path:
         what = "is a file, not a folder" if root.is_file() else f"cannot hold sandboxes: {e.strerror or e} ({e.filename or root})"
         raise SandboxError(f"the sandbox folder {root} {what}") from None
     return folder
+
+
+def trial_folder(root: Path, label: str) -> Path:
+    """A new folder for one trial under this process's owner folder of `root` (the folders of dead
+    owners under `root` removed first)."""
+    remove_orphans(root)
+    return Path(tempfile.mkdtemp(prefix=f"{plain_name(label)}-", dir=owner_folder(root)))
+
+
+def plain_name(label: str) -> str:
+    """`label` as a file name: letters, digits, `_ . -`, at most 64 characters."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", label)[:64] or "trial"
 
 
 def remove_orphans(root: Path) -> list[Path]:

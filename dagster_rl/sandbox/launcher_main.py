@@ -29,7 +29,8 @@ def main() -> None:
     elif mode == "write":
         send(b"r", write_file(config))
     elif mode == "cleanup":
-        send(b"r", {"left": cleanup()})
+        left = cleanup()
+        send(b"r", {"left": left, "stuck": _describe(_processes(os.getuid()), os.getpid()) if left > 0 else []})
 
 
 def run_reporting_on_fd(config: dict) -> None:
@@ -143,7 +144,7 @@ def run_framed(config: dict) -> None:
 
 def cleanup() -> int:
     """Kill every process of this user but this one and PID 1 (the pod's init), wait until they are
-    gone (zombies aside: the init reaps them), and empty the pod's shared temporary folders.
+    gone (reaped: the init reaps the orphans), and empty the pod's shared temporary folders.
     Returns how many processes were still there after 2 s (0: all gone; -1: refused, as root)."""
     me, uid = os.getpid(), os.getuid()
     if uid == 0:  # a pod's sandbox is never root; kill(-1) as root would reach far beyond it
@@ -265,7 +266,8 @@ def _kill_group(pid: int) -> None:
 
 
 def _processes(uid: int) -> list:
-    """The live (not zombie) processes of `uid` in this PID namespace, PID 1 aside."""
+    """The processes of `uid` in this PID namespace, PID 1 aside: zombies too (until the pod's init
+    reaps them they count against the user's process limit)."""
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or name == "1":
@@ -277,9 +279,22 @@ def _processes(uid: int) -> list:
                 real_uid = next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
         except (OSError, StopIteration, IndexError, ValueError):
             continue
-        if real_uid == uid and state not in ("Z", "X"):
+        if real_uid == uid and state != "X":
             found.append(int(name))
     return found
+
+
+def _describe(pids: list, me: int) -> list:
+    """`pid state name` of each process (this one aside), at most 10: what a cleanup left."""
+    out = []
+    for pid in [p for p in pids if p != me][:10]:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            out.append(f"{pid} {stat.rpartition(')')[2].split()[0]} {stat[stat.index('(') + 1 : stat.rindex(')')]}")
+        except (OSError, ValueError):
+            pass
+    return out
 
 
 def _empty(folder: str) -> None:

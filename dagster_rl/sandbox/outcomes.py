@@ -34,11 +34,6 @@ def check_file_name(name: str) -> str:
     return name
 
 
-def plain(label: str) -> str:
-    """An episode's label as a name part: letters, digits, `_ . -`; at most 64 characters."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", label)[:64] or "episode"
-
-
 class Bounded:
     """The first `limit` bytes of a stream, and how many came after."""
 

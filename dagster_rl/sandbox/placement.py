@@ -44,5 +44,9 @@ class Sandboxes(Protocol):
     def check(self) -> None:
         """Raise `SandboxUnavailable` naming what is missing when this placement cannot make sandboxes."""
 
+    def identity(self) -> str:
+        """What programs run on, as a cache key holds it: the interpreter's version (and the image, in
+        pods), so that outputs another interpreter would word otherwise are never taken for these."""
+
     def open(self, label: str) -> Workspace:
         """A new, empty workspace for one episode."""

@@ -20,7 +20,7 @@ OWNER_PROCESS = "dagster-rl/sandbox-owner-process"  # annotation: <host>/<pid>:<
 # a container waiting for one of these will not start however long it waits
 FATAL_WAITING = {"InvalidImageName", "CreateContainerConfigError", "ErrImageNeverPull"}
 RBAC = (
-    "the driver's service account needs, in the sandbox pods' namespace: pods create/get/list/delete and "
+    "the driver's service account needs, in the sandbox pods' namespace: pods create/get/list/patch/delete and "
     "pods/exec create (get too before Kubernetes 1.30): kubectl apply -f deploy/k8s/rbac.yaml"
 )
 
@@ -92,8 +92,9 @@ def _terminated(status: Any) -> str:
     return ""
 
 
-def clients(api: Any, exec_api: Any) -> tuple[Any, Any]:
-    """A CoreV1Api for REST and one on an ApiClient of its own for execs (see `pod_exec`)."""
+def default_clients() -> tuple[Any, Any]:
+    """A CoreV1Api for REST calls and one on an ApiClient of its own for execs (`pod_exec`), from the
+    in-cluster configuration when this runs in a pod, else from the kubeconfig."""
     try:
         import kubernetes
 
@@ -101,11 +102,11 @@ def clients(api: Any, exec_api: Any) -> tuple[Any, Any]:
             kubernetes.config.load_incluster_config()
         else:
             kubernetes.config.load_kube_config()
-        api = api or kubernetes.client.CoreV1Api(kubernetes.client.ApiClient())
-        exec_api = exec_api or kubernetes.client.CoreV1Api(kubernetes.client.ApiClient())
+        return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient()), kubernetes.client.CoreV1Api(
+            kubernetes.client.ApiClient()
+        )
     except Exception as e:
         raise SandboxUnavailable(f"no Kubernetes cluster to run sandboxes on (in-cluster config, or a kubeconfig): {e}") from None
-    return api, exec_api
 
 
 def current_namespace() -> str:
@@ -116,8 +117,9 @@ def current_namespace() -> str:
         return "default"
 
 
-def find_owner(api: Any, namespace: str) -> Owner:
-    """This driver's pod when it runs in one (its name is its hostname), else this process on this host."""
+def find_owner(api: Any, namespace: str, creator: str) -> Owner:
+    """The driver's pod when it runs in one (its name is its hostname), else the process that made
+    the placement (`creator`, as `owner_process` names it) on this host."""
     pod = os.environ.get("HOSTNAME", "") if os.environ.get("KUBERNETES_SERVICE_HOST") else ""
     if pod:
         try:
@@ -126,7 +128,8 @@ def find_owner(api: Any, namespace: str) -> Owner:
                 return Owner(id=uid, pod=pod, uid=uid)
         except Exception as e:
             log.warning("sandbox pods carry no owner reference: cannot read this pod %s (%s)", pod, e)
-    return Owner(id=label_value(f"{socket.gethostname()[:30]}-p{identity().replace(':', '-')}"))
+    host, _, ident = creator.rpartition("/")
+    return Owner(id=label_value(f"{host[:30]}-p{ident.replace(':', '-')}"))
 
 
 def delete_pod(api: Any, namespace: str, name: str) -> None:
@@ -137,9 +140,11 @@ def delete_pod(api: Any, namespace: str, name: str) -> None:
             log.warning("could not delete sandbox pod %s/%s (its deadline or the next run removes it): %s", namespace, name, e)
 
 
-def delete_all(api: Any, namespace: str, made: set[str]) -> None:
-    for name in list(made):
-        delete_pod(api, namespace, name)
+def delete_all(api: Any, namespace: str, made: set[str], pid: int) -> None:
+    """Delete `made` (at exit of the process `pid` only: a forked copy leaves its parent's pods alone)."""
+    if os.getpid() == pid:
+        for name in list(made):
+            delete_pod(api, namespace, name)
 
 
 def remove_leftovers(api: Any, namespace: str, keep: set[str]) -> list[str]:
@@ -167,8 +172,7 @@ def _abandoned(api: Any, namespace: str, phase: str | None, owner_id: str, notes
     host (this pod, in a cluster) and is gone; or its owner pod is gone, ended, or another pod now."""
     if phase in ("Succeeded", "Failed"):
         return True
-    host, _, ident = notes.get(OWNER_PROCESS, "").rpartition("/")
-    if host and host == socket.gethostname() and not alive(ident):
+    if process_gone(notes.get(OWNER_PROCESS, "")):
         return True
     if notes.get(OWNER_POD):
         try:
@@ -182,3 +186,9 @@ def _abandoned(api: Any, namespace: str, phase: str | None, owner_id: str, notes
 def owner_process() -> str:
     """This process, as the annotation `OWNER_PROCESS` names it."""
     return f"{socket.gethostname()}/{identity()}"
+
+
+def process_gone(process: str) -> bool:
+    """Whether the process an `OWNER_PROCESS` annotation names ran on this host and is gone."""
+    host, _, ident = process.rpartition("/")
+    return bool(host) and host == socket.gethostname() and not alive(ident)

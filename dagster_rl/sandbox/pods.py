@@ -50,60 +50,52 @@ it); `activeDeadlineSeconds` ends any pod past `active_deadline_s`. The first `o
 process also deletes the sandbox pods that have ended, and those whose owner pod is gone.
 """
 
+import hashlib
 import logging
-import secrets
+import os
+import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dagster_rl.sandbox.calls import Call, Program, SandboxUnavailable
 from dagster_rl.sandbox.launcher import CLEANUP, boot_input, framed_run, framed_write
 from dagster_rl.sandbox.limits import SandboxLimits
 from dagster_rl.sandbox.outcomes import call_record, check_file_name
+from dagster_rl.sandbox.placement import Sandboxes, Workspace
 from dagster_rl.sandbox.pod_api import (
-    OWNER_PROCESS,
-    ApiFailure,
-    api_call,
-    clients,
     current_namespace,
+    default_clients,
     delete_all,
-    delete_pod,
-    describe_waiting,
     exec_failure,
     find_owner,
-    is_running,
     not_found,
     owner_process,
     remove_leftovers,
 )
 from dagster_rl.sandbox.pod_exec import Exchange, ExecStream, WebSocketExec, command, exchange
-from dagster_rl.sandbox.pod_manifest import (
-    CONTAINER,
-    Owner,
-    PodSandboxSettings,
-    quantity,
-    sandbox_pod,
-)
+from dagster_rl.sandbox.pod_manifest import CONTAINER, Owner, PodSandboxSettings, quantity
+from dagster_rl.sandbox.pod_pool import PodMaker, PoolKeeper
+from dagster_rl.sandbox.slots import Slot
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Pod:
-    name: str
-    started: float  # time.monotonic() when it was running
+Clients = Callable[[], tuple[Any, Any]]  # () -> (CoreV1Api for REST, CoreV1Api for execs), picklable
+PROBE = "import sys\nprint(6 * 7)\nprint(sys.version)"
 
 
 class PodSandboxes:
-    """Sandboxes in pods of the sandbox tier. At most `max_concurrency` episodes hold a pod at once
-    (`open` waits up to `slot_timeout_s` for one to close), and `pool_size` more wait warm.
-    `max_retries`: attempts again what failed before anything ran (a pod that would not start, an
-    exec the API refused). `api`: a CoreV1Api (default: in-cluster, else the kubeconfig);
-    `open_exec`: how execs are opened (default: the API server's websocket); `owner`: who the pods
-    belong to (default: this pod, else this process); `limits`: checked against the pods now."""
+    """Sandboxes in pods of the sandbox tier. At most `max_concurrency` episodes hold a pod at once,
+    across the processes of this machine (`open` waits up to `slot_timeout_s` for one to close),
+    and `pool_size` more wait warm. `max_retries`: attempts again what failed before anything ran
+    (a pod that would not start, an exec the API refused). `clients`: a picklable function that
+    returns (a CoreV1Api for REST calls, one on an ApiClient of its own for execs); default:
+    in-cluster, else the kubeconfig. `owner`: who the pods belong to (default: the driver's pod,
+    else the process that made this placement). `limits`: checked against the pods now (a
+    `ValueError` naming what to change). `close()` deletes the warm pods (also done at exit)."""
 
     name = "k8s"
 
@@ -113,8 +105,7 @@ class PodSandboxes:
         max_concurrency: int = 8,
         max_retries: int = 2,
         *,
-        api: Any = None,
-        exec_api: Any = None,
+        clients: Clients | None = None,
         owner: Owner | None = None,
         limits: SandboxLimits | None = None,
     ):
@@ -123,58 +114,101 @@ class PodSandboxes:
         if limits is not None:
             settings.check_limits(limits)
         self.settings, self.max_concurrency, self.max_retries = settings, max_concurrency, max_retries
-        self._api, self._exec_api, self._owner = api, exec_api, owner
-        self._namespace = ""
-        self._slots = threading.BoundedSemaphore(max_concurrency)
-        self._lock = threading.Lock()
-        self._warm: list[_Pod] = []
-        self._starting = 0
-        self._made: set[str] = set()  # pods this object made and has not deleted
-        self._closed = False
+        self._clients, self._owner = clients or default_clients, owner
+        self._creator = owner_process()  # the process whose pool this is
+        self._identity = ""
         self._checked = False
-        self._swept = False
-        self._refill_after = 0.0
-        self._finalizer: weakref.finalize | None = None
+        self._here()
 
-    # ---- the placement ----------------------------------------------------------------------
+    # ---- per process --------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        keep = ("settings", "max_concurrency", "max_retries", "_clients", "_owner", "_creator", "_identity", "_checked")
+        return {k: self.__dict__[k] for k in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._here()
+
+    def _here(self) -> None:
+        """This process's own state: its clients, the pods it made, its lock (none of a parent's)."""
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._api: Any = None
+        self._exec_api: Any = None
+        self._namespace = ""
+        self._maker: PodMaker | None = None
+        self._pools: list[PoolKeeper] = []  # the pool's keeper, when this process keeps it
+        self._made: set[str] = set()  # pods this process made or took and has not deleted
+
+    @property
+    def creator(self) -> bool:
+        """Whether this is the process that made the placement: it alone keeps the pool full."""
+        return owner_process() == self._creator
+
+    # ---- the placement ------------------------------------------------------------------------
     def check(self) -> None:
-        """A pod made, a program run in it; `SandboxUnavailable` naming what to fix otherwise."""
+        """A pod made, a program run in it (the pool starts then); `SandboxUnavailable` naming what
+        to fix otherwise."""
         if self._checked:
+            self.start_pool()
             return
         if not self.settings.image:
             raise SandboxUnavailable("the k8s sandbox placement needs an image with a python3: set the sandbox tier's image")
         cores = quantity(self.settings.cpu_limit, "cores") if self.settings.cpu_limit else 1.0
         limits = SandboxLimits(cpu_s=2, wall_s=max(20.0, 4 / cores), memory_mb=min(256, self.settings.memory_for_programs_mib()))
+        self.start_pool()
         with self.open("check") as ws:
-            call = ws.run(Program(python="print(6 * 7)"), limits)
-        if (call.outcome, call.stdout) != ("exit", "42\n"):
+            call = ws.run(Program(python=PROBE), limits)
+        lines = call.stdout.splitlines()
+        if call.outcome != "exit" or lines[:1] != ["42"] or len(lines) != 2:
             raise SandboxUnavailable(f"a sandbox pod was made but a program printing 42 gave {call!r}")
+        self._identity = f"python {lines[1]} in {self.settings.image}"
         self._checked = True
+
+    def identity(self) -> str:
+        """The interpreter's version in the sandbox image, and the image (asked of a pod, once)."""
+        if not self._identity:
+            self.check()
+        return self._identity
 
     def open(self, label: str) -> "PodWorkspace":
         """This episode's pod: a warm one of the pool, or a new one (`SandboxUnavailable` when none
         runs within `startup_timeout_s`, or no slot frees within `slot_timeout_s`)."""
-        self._connect()
-        if not self._slots.acquire(timeout=self.settings.slot_timeout_s):
-            raise SandboxUnavailable(
-                f"all {self.max_concurrency} sandbox pods stayed in use for {self.settings.slot_timeout_s:g} s"
-            )
+        maker = self._connect()
+        slot = Slot(
+            Path(tempfile.gettempdir()) / "dagster_rl_sandbox_pods" / self._slots_key(maker),
+            self.max_concurrency,
+            self.settings.slot_timeout_s,
+            f"all {self.max_concurrency} sandbox pods stayed in use for {self.settings.slot_timeout_s:g} s",
+        ).acquire()
         try:
-            pod = self._take() or self._start_retrying()
+            name = maker.claim()
+            if name is not None:
+                self._remember(name)
+            else:
+                name = self._start_retrying(maker)
         except BaseException:
-            self._slots.release()
+            slot.release()
             raise
-        self._refill()
-        log.debug("sandbox pod %s for episode %s", pod.name, label)
-        return PodWorkspace(self, pod, label)
+        for pool in self._pools:
+            pool.wake()
+        log.debug("sandbox pod %s for episode %s", name, label)
+        return PodWorkspace(self, name, label, slot)
+
+    def start_pool(self) -> None:
+        """Start keeping `pool_size` warm pods (in the process that made the placement only)."""
+        maker = self._connect()
+        with self._lock:
+            if not self._pools and self.creator and self.settings.pool_size > 0:
+                self._pools.append(PoolKeeper(maker, self.settings.pool_size))
 
     def close(self) -> None:
-        """Delete the pool's pods (the workspaces still open delete theirs when they close)."""
+        """Stop the pool and delete its warm pods (the workspaces still open delete theirs when they close)."""
         with self._lock:
-            self._closed = True
-            warm, self._warm = self._warm, []
-        for pod in warm:
-            self._delete(pod.name)
+            pools, self._pools[:] = list(self._pools), []
+        for pool in pools:
+            pool.stop()
+            pool.remove_warm()
 
     def __enter__(self) -> "PodSandboxes":
         return self
@@ -182,137 +216,80 @@ class PodSandboxes:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- the cluster ------------------------------------------------------------------------
-    def _connect(self) -> None:
-        if self._finalizer is not None:
-            return
+    def remove_leftovers(self) -> list[str]:
+        """Delete the sandbox pods of this namespace that no live driver owns (`pod_api.remove_leftovers`)."""
+        self._connect()
+        return remove_leftovers(self._api, self._namespace, keep=set(self._made))
+
+    # ---- the cluster ----------------------------------------------------------------------------
+    def _connect(self) -> PodMaker:
+        if os.getpid() != self._pid:  # a fork's copy: nothing of the parent's process is this one's
+            self._here()
         with self._lock:
-            if self._finalizer is not None:
-                return
-            if self._api is None or self._exec_api is None:
-                self._api, self._exec_api = clients(self._api, self._exec_api)
+            if self._maker is not None:
+                return self._maker
+            self._api, self._exec_api = self._clients()
             self._namespace = self.settings.namespace or current_namespace()
             if self._owner is None:
-                self._owner = find_owner(self._api, self._namespace)
-            # pods still made at exit (a run that never closed its tier) are deleted then
-            self._finalizer = weakref.finalize(self, delete_all, self._api, self._namespace, self._made)
-        if not self._swept:
-            self._swept = True
-            self.remove_leftovers()
+                self._owner = find_owner(self._api, self._namespace, self._creator)
+            self._maker = maker = PodMaker(self._api, self.settings, self._namespace, self._owner)
+            weakref.finalize(self, _at_exit, self._api, self._namespace, self._made, self._pid, self._pools)
+        if self.creator:
+            self.remove_leftovers()  # once per driver: the pods of drivers that are gone
+        return maker
 
-    def _start_retrying(self) -> _Pod:
+    def _slots_key(self, maker: PodMaker) -> str:
+        return hashlib.sha256(f"{maker.namespace}/{maker.owner.id}".encode()).hexdigest()[:16]
+
+    def _start_retrying(self, maker: PodMaker) -> str:
         deadline = time.monotonic() + self.settings.startup_timeout_s
         errors: list[str] = []
         for attempt in range(self.max_retries + 1):
+            name = ""
             try:
-                return self._start(deadline)
+                name = maker.start("taken")
+                self._remember(name)
+                maker.wait_running(name, deadline)
+                return name
             except SandboxUnavailable as e:
+                if name:
+                    self._delete(name)
                 errors.append(str(e))
                 if time.monotonic() >= deadline or "did not start within" in str(e):
                     break
                 time.sleep(min(0.5 * 2**attempt, 5.0))
         raise SandboxUnavailable(f"no sandbox pod could be started ({len(errors)} attempt(s)): {errors[-1]}")
 
-    def _start(self, deadline: float) -> _Pod:
-        assert self._owner is not None
-        name = f"drl-sandbox-{secrets.token_hex(6)}"
-        body = sandbox_pod(self.settings, name, self._namespace, self._owner)
-        body["metadata"].setdefault("annotations", {})[OWNER_PROCESS] = owner_process()
+    def _remember(self, name: str) -> None:
         with self._lock:
             self._made.add(name)
-        try:
-            api_call(
-                f"create sandbox pod {self._namespace}/{name}", lambda: self._api.create_namespaced_pod(self._namespace, body)
-            )
-            self._wait_running(name, deadline)
-        except BaseException as e:
-            self._delete(name)
-            if isinstance(e, ApiFailure):
-                raise SandboxUnavailable(str(e)) from None
-            raise
-        return _Pod(name, time.monotonic())
-
-    def _wait_running(self, name: str, deadline: float) -> None:
-        last = "not read yet"
-        while True:
-            pod = api_call(f"read sandbox pod {name}", lambda: self._api.read_namespaced_pod(name, self._namespace))
-            if is_running(pod):
-                return
-            last, fatal = describe_waiting(pod)
-            if fatal:
-                raise SandboxUnavailable(f"sandbox pod {self._namespace}/{name} cannot start: {last}")
-            if time.monotonic() > deadline:
-                raise SandboxUnavailable(
-                    f"sandbox pod {self._namespace}/{name} did not start within {self.settings.startup_timeout_s:g} s: {last}"
-                )
-            time.sleep(self.settings.poll_interval_s)
-
-    def _take(self) -> _Pod | None:
-        """A warm pod, still running and young enough for an episode; None when there is none."""
-        while True:
-            with self._lock:
-                if not self._warm:
-                    return None
-                pod = self._warm.pop(0)
-            if time.monotonic() - pod.started < self.settings.active_deadline_s / 2:
-                try:
-                    if is_running(self._api.read_namespaced_pod(pod.name, self._namespace)):
-                        return pod
-                except Exception as e:  # gone, or unreadable: not this one
-                    log.debug("warm sandbox pod %s unusable: %r", pod.name, e)
-            self._delete(pod.name)
-
-    def _refill(self) -> None:
-        """Start pods in the background until `pool_size` wait warm (after a failure, not for 30 s)."""
-        with self._lock:
-            need = self.settings.pool_size - len(self._warm) - self._starting
-            if self._closed or need <= 0 or time.monotonic() < self._refill_after:
-                return
-            self._starting += need
-        for _ in range(need):
-            threading.Thread(target=self._warm_one, name="sandbox-pool", daemon=True).start()
-
-    def _warm_one(self) -> None:
-        try:
-            pod = self._start(time.monotonic() + self.settings.startup_timeout_s)
-        except Exception as e:
-            log.warning("the sandbox pool could not start a pod (episodes start theirs cold meanwhile): %s", e)
-            with self._lock:
-                self._starting -= 1
-                self._refill_after = time.monotonic() + 30.0
-            return
-        with self._lock:
-            self._starting -= 1
-            closed = self._closed
-            if not closed:
-                self._warm.append(pod)
-        if closed:
-            self._delete(pod.name)
 
     def _delete(self, name: str) -> None:
         with self._lock:
             self._made.discard(name)
-        delete_pod(self._api, self._namespace, name)
-
-    def _release(self, pod: _Pod) -> None:
-        self._delete(pod.name)
-        self._slots.release()
+        assert self._maker is not None
+        self._maker.delete(name)
 
     def open_exec(self, pod: str) -> ExecStream:
-        """An exec of the launcher's bootstrap into `pod` (what tests and other transports replace)."""
+        """An exec of the launcher's bootstrap into `pod` (what another transport would replace)."""
         return WebSocketExec(self._exec_api, self._namespace, pod, CONTAINER, command(self.settings.python))
 
-    # ---- leftovers ----------------------------------------------------------------------------
-    def remove_leftovers(self) -> list[str]:
-        """Delete the sandbox pods of this namespace that no live driver owns (`pod_api.remove_leftovers`)."""
-        return remove_leftovers(self._api, self._namespace, keep=set(self._made))
+
+def _at_exit(api: Any, namespace: str, made: set[str], pid: int, pools: list[PoolKeeper]) -> None:
+    """When the placement goes (or the process that connected exits): its own pods, and the pool's
+    warm pods if it kept the pool."""
+    delete_all(api, namespace, made, pid)
+    if os.getpid() == pid:
+        for pool in list(pools):
+            pool.stop()
+            pool.remove_warm()
 
 
 class PodWorkspace:
     """One episode's pod: its /work, its calls, one at a time; deleted at `close`."""
 
-    def __init__(self, sandboxes: PodSandboxes, pod: _Pod, label: str):
-        self.sandboxes, self.pod, self.label = sandboxes, pod, label
+    def __init__(self, sandboxes: PodSandboxes, pod: str, label: str, slot: Slot):
+        self.sandboxes, self.pod, self.label, self._slot = sandboxes, pod, label, slot
         self.calls = 0
         self.lost = ""  # why this workspace's pod can no longer be used
         self._lock = threading.Lock()  # one call (or write) at a time
@@ -332,7 +309,8 @@ class PodWorkspace:
             if self._closed:
                 return
             self._closed = True
-        self.sandboxes._release(self.pod)
+        self.sandboxes._delete(self.pod)
+        self._slot.release()
 
     def write(self, name: str, data: bytes, mode: int = 0o644) -> None:
         """A file in the pod's /work (`name`: plain names only, never `..`); an `OSError` when the pod
@@ -349,7 +327,7 @@ class PodWorkspace:
         if done.broken or (done.ending is None and done.status is None):
             self._lose(f"writing {name} broke off: {done.what()}")
         if (done.ending or {}).get("written") != len(data):
-            raise OSError(f"cannot write {name} in sandbox pod {self.pod.name}: {done.what()}")
+            raise OSError(f"cannot write {name} in sandbox pod {self.pod}: {done.what()}")
 
     def run(self, program: Program, limits: SandboxLimits) -> Call:
         """Run `program` to its end in this episode's pod, within `limits`."""
@@ -386,11 +364,11 @@ class PodWorkspace:
     def _attempts(self, what: str, stdin, output_bytes: int, deadline) -> Exchange:
         """One exchange, tried again while it failed before the launcher started."""
         if self._closed or self.lost:
-            raise SandboxUnavailable(f"sandbox pod {self.pod.name} is {'closed' if self._closed else 'lost'}: {self.lost}")
+            raise SandboxUnavailable(f"sandbox pod {self.pod} is {'closed' if self._closed else 'lost'}: {self.lost}")
         errors: list[str] = []
         for attempt in range(self.sandboxes.max_retries + 1):
             try:
-                done = exchange(lambda: self.sandboxes.open_exec(self.pod.name), stdin(), output_bytes, deadline())
+                done = exchange(lambda: self.sandboxes.open_exec(self.pod), stdin(), output_bytes, deadline())
             except Exception as e:  # the exec could not be opened: nothing ran
                 if not_found(e):
                     self._lose(f"it is gone ({exec_failure(e)})")
@@ -407,14 +385,20 @@ class PodWorkspace:
         """The launcher's cleanup, alone: every process of the sandbox's user but the init gone."""
         grace = self.sandboxes.settings.exec_grace_s
         try:
-            done = exchange(lambda: self.sandboxes.open_exec(self.pod.name), boot_input(CLEANUP), 64, time.monotonic() + grace)
+            done = exchange(lambda: self.sandboxes.open_exec(self.pod), boot_input(CLEANUP), 64, time.monotonic() + grace)
         except Exception as e:
             self._lose(f"the cleanup after a call could not run: {type(e).__name__}: {e}")
         if (done.ending or {}).get("left") != 0:
-            self._lose(f"the cleanup after a call did not confirm that its processes are gone: {done.what()}")
+            stuck = (done.ending or {}).get("stuck", [])
+            self._lose(f"the cleanup after a call did not confirm that its processes are gone ({stuck}): {done.what()}")
 
     def _lose(self, why: str) -> None:
         """This pod can no longer be trusted: delete it, and fail this call and every later one."""
         self.lost = why
-        self.sandboxes._delete(self.pod.name)
-        raise SandboxUnavailable(f"sandbox pod {self.pod.name} (episode {self.label}): {why}")
+        self.sandboxes._delete(self.pod)
+        raise SandboxUnavailable(f"sandbox pod {self.pod} (episode {self.label}): {why}")
+
+
+if TYPE_CHECKING:  # mypy checks that this placement is one (`dagster_rl.sandbox.placement`)
+    _placement: type[Sandboxes] = PodSandboxes
+    _workspace: type[Workspace] = PodWorkspace

@@ -13,9 +13,12 @@ from dagster_rl.core.faults import flaky_trials
 from dagster_rl.core.records import TrialFailed
 from dagster_rl.core.retries import Limits
 from dagster_rl.core.task import Weights
+from dagster_rl.sandbox.placement import Sandboxes
+from dagster_rl.tasks.agent.chat import ChatTurns
+from dagster_rl.tasks.agent.episode import stage
 from dagster_rl.tasks.agent.experiment import AgentExperiment
 from dagster_rl.tasks.agent.records import AgentTrajectory, EpisodeRequest
-from dagster_rl.tasks.agent.rollout_hf import Outcome, run_episodes
+from dagster_rl.tasks.agent.rollout_hf import Outcome, TrialTimes, run_episodes
 from dagster_rl.tasks.lm.backends import PolicyCache
 
 
@@ -28,6 +31,7 @@ class AgentHFRollouts:
     sandbox_root: Path
     limits: Limits = Limits()
     policies: PolicyCache = field(default_factory=PolicyCache)
+    sandboxes: Sandboxes | None = None  # where the environments' programs run (the sandbox tier)
 
     def generate(
         self,
@@ -35,10 +39,12 @@ class AgentHFRollouts:
         requests: Sequence[EpisodeRequest],
         behavior: Weights[dict[str, bytes]],
         on_done: Callable[[AgentTrajectory], None] | None = None,
+        times: dict[str, TrialTimes] | None = None,
     ) -> list[Outcome]:
         """One outcome per request, in their order: its trajectory, or how it failed after its retries.
-        `on_done(trajectory)` as each trajectory ends."""
+        `on_done(trajectory)` as each trajectory ends; `times[trial]`: where each trial's time went."""
         with self.policies.use(exp, behavior.payload) as policy:
+            episodes = stage(exp, ChatTurns.of(policy.tokenizer), self.sandbox_root, self.sandboxes)
             done: dict[str, Outcome] = {}
             pending = list(requests)
             for attempt in range(self.limits.max_retries + 1):
@@ -47,16 +53,7 @@ class AgentHFRollouts:
                 counters.bump("trials_executed", len(pending))
                 healthy, injected = flaky_trials(pending, exp.faults.flaky_trial_rate, attempt, exp.seed)
                 done.update((t, TrialFailed(trial_id=t, error=repr(e))) for t, e in injected.items())
-                outcomes = run_episodes(
-                    policy,
-                    healthy,
-                    exp.task.environment,
-                    exp.turn_sampling,
-                    exp.task.episode.max_turns,
-                    exp.task.episode.trial_timeout_s,
-                    self.sandbox_root,
-                    on_done,
-                )
+                outcomes = run_episodes(policy, healthy, episodes, exp.turn_sampling, on_done, times=times)
                 done.update((o.trial_id, o) for o in outcomes)
                 pending = [r for r in pending if isinstance(done[r.trial_id], TrialFailed)]
             return [done[r.trial_id] for r in requests]

@@ -32,14 +32,18 @@ sequences: what the supervised warm-up imitates), registered with `register_envi
 
 import importlib
 import random
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pydantic import Field
 
+from dagster_rl.core import plugins
 from dagster_rl.core.strict import Strict
+
+if TYPE_CHECKING:
+    from dagster_rl.tasks.agent.trial_sandbox import TrialSandbox
 
 JudgeValue = str | int | float | bool | None
 
@@ -102,23 +106,36 @@ class EnvironmentSpec(Generic[S]):
 
     name: str
     settings: type[S]
-    make: Callable[[S, World, int, Path], TextEnvironment]
+    make: Callable[[S, World, int, "TrialSandbox"], TextEnvironment]
     code_version: str
     demonstrate: Callable[[S, World, random.Random], list[str]] | None = None
     description: str = ""
     min_turns: int = 1  # the fewest actions a successful episode takes: a demonstration needs that many turns
+    runs_programs: bool = False  # it runs programs in the trial's sandbox: a run checks the sandbox before its first step
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 # The environments that ship with dagster-rl: name -> the module that registers it (imported on first use).
-BUILTIN_ENVIRONMENTS = {"secret_search": "dagster_rl.tasks.agent.text_world"}
+BUILTIN_ENVIRONMENTS = {
+    "secret_search": "dagster_rl.tasks.agent.text_world",
+    "python_tool": "dagster_rl.tasks.agent.python_tool",
+}
 _REGISTERED: dict[str, EnvironmentSpec] = {}
+_REGISTERED_BY: dict[str, str] = {}
 
 
 def register_environment(spec: EnvironmentSpec) -> EnvironmentSpec:
-    """Make `spec.name` known; registering the same name again replaces it."""
+    """Make `spec.name` known; registering the same name again replaces it. The module that calls it
+    is remembered (`registered_by`): a trial's environment runs in a process of its own, which imports
+    that module to find the environment registered."""
     _REGISTERED[spec.name] = spec
+    _REGISTERED_BY[spec.name] = sys._getframe(1).f_globals.get("__name__", "")
     return spec
+
+
+def registered_by(name: str) -> str:
+    """The module whose import registers environment `name` ("" when unknown)."""
+    return _REGISTERED_BY.get(name, "")
 
 
 def environment_names() -> list[str]:
@@ -129,7 +146,10 @@ def environment_of(name: str) -> EnvironmentSpec:
     if name not in _REGISTERED and name in BUILTIN_ENVIRONMENTS:
         importlib.import_module(BUILTIN_ENVIRONMENTS[name])
     if name not in _REGISTERED:
-        raise ValueError(
-            f"{name!r} is not a text environment; use one of {environment_names()} (or register_environment(...) yours)"
-        )
+        failed = plugins.installed_failures()  # installed plugins, imported once per process at the first miss
+        if name not in _REGISTERED:
+            raise ValueError(
+                f"{name!r} is not a text environment; use one of {environment_names()}, or name the file that registers "
+                f"yours (register_environment(...)) in the experiment's `plugins`{failed}"
+            )
     return _REGISTERED[name]

@@ -2,7 +2,8 @@
 
 `success`: the fraction of episodes the environment judged successful (for `secret_search`: the
 right digest answered within the turn budget); `mean_turns`: the actions an episode took, on
-average over all of them (a failed episode counts the turns it used); `mean_reward`: the rubric's.
+average over all of them (a failed episode counts the turns it used); `mean_reward`: the rubric's;
+`tool_call_share` (environments that run programs): the fraction of episodes that ran one.
 An episode whose environment failed counts as a failure with the whole turn budget.
 """
 
@@ -10,8 +11,13 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from pydantic import Field
+
 from dagster_rl.core.records import Record
-from dagster_rl.tasks.agent.environment import World
+from dagster_rl.sandbox.placement import Sandboxes
+from dagster_rl.tasks.agent.chat import ChatTurns
+from dagster_rl.tasks.agent.environment import World, environment_of
+from dagster_rl.tasks.agent.episode import stage
 from dagster_rl.tasks.agent.experiment import AgentExperiment
 from dagster_rl.tasks.agent.judge import judge
 from dagster_rl.tasks.agent.records import AgentTrajectory, EpisodeRequest
@@ -27,10 +33,17 @@ class AgentEvaluation(Record):
     mean_reward: float
     end_reasons: dict[str, int]
     failed: int  # episodes whose environment failed
+    # environments that run programs: the share of episodes that ran one (absent otherwise)
+    tool_call_share: float | None = Field(None, exclude_if=lambda share: share is None)
 
 
 def evaluate(
-    policy: Policy, exp: AgentExperiment, worlds: Sequence[World], sandbox_root: Path, weights_hash: str = ""
+    policy: Policy,
+    exp: AgentExperiment,
+    worlds: Sequence[World],
+    sandbox_root: Path,
+    sandboxes: Sandboxes | None,
+    weights_hash: str = "",
 ) -> AgentEvaluation:
     """Greedy episodes of the policy on `worlds` (the held-out ones: `exp.heldout_worlds()`)."""
     greedy = exp.turn_sampling.model_copy(update={"temperature": 0.0})
@@ -39,9 +52,7 @@ def evaluate(
         for i, w in enumerate(worlds)
     ]
     max_turns = exp.task.episode.max_turns
-    outcomes = run_episodes(
-        policy, requests, exp.task.environment, greedy, max_turns, exp.task.episode.trial_timeout_s, sandbox_root
-    )
+    outcomes = run_episodes(policy, requests, stage(exp, ChatTurns.of(policy.tokenizer), sandbox_root, sandboxes), greedy)
     played = [o for o in outcomes if isinstance(o, AgentTrajectory)]
     rewards = [judge(t, exp.rubric, max_turns) for t in played]
     n, failed = len(outcomes), len(outcomes) - len(played)
@@ -53,4 +64,9 @@ def evaluate(
         mean_reward=sum(r.reward for r in rewards) / n,
         end_reasons=dict(sorted(Counter(t.end_reason for t in played).items())),
         failed=failed,
+        tool_call_share=(
+            sum(any(turn.calls for turn in t.turns) for t in played) / n
+            if environment_of(exp.task.environment.name).runs_programs
+            else None
+        ),
     )

@@ -21,6 +21,8 @@ from dagster_rl.tasks.agent.text_world import SecretSearchTextSettings
 from dagster_rl.tasks.lm.experiment import LMExperiment, engine_cache_inputs
 from dagster_rl.tasks.lm.settings import SamplingSettings
 
+MAX_OBSERVATION_TOKENS = 4096
+
 
 class EpisodeSettings(Strict):
     """The budgets of one episode."""
@@ -38,7 +40,17 @@ class EpisodeSettings(Strict):
         600.0,
         gt=0.0,
         le=bounds.MAX_DEADLINE_S,
-        description="a trial running longer (its turns' generation and its environment's answers) fails: retried, never cached",
+        description="a trial running longer (its turns' generation and its environment's answers) fails: retried, never cached; "
+        "an environment's call that outlives it is stopped (the environment runs in a process of its own)",
+    )
+    max_observation_tokens: int = Field(
+        MAX_OBSERVATION_TOKENS,
+        ge=1,
+        le=bounds.MAX_NEW_TOKENS,
+        # at its default the settings (and every key holding them) read as they did before the field
+        exclude_if=lambda n: n == MAX_OBSERVATION_TOKENS,
+        description="tokens one observation may hold; an environment that answers more fails its trial (naming the "
+        "environment and the size), before the observation is tokenized whole",
     )
 
 

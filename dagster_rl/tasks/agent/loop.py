@@ -16,17 +16,21 @@ import time
 from pathlib import Path
 
 from dagster_rl.core import counters
+from dagster_rl.core.errors import ArtifactConflictError
 from dagster_rl.core.experiment import step_key
 from dagster_rl.core.hashing import cache_key, canonical_json, seed_of
 from dagster_rl.core.progress import Progress
-from dagster_rl.core.records import Rewards, Rollouts, TrialFailed
+from dagster_rl.core.records import CALL_TIMES, CallTimes, Rewards, Rollouts, TrialFailed, call_times_key
 from dagster_rl.core.steps import Judged, judge_as_they_land, mean, recovered, rewards_key, rollouts_key, step_rewards, trial_set
 from dagster_rl.core.task import Backends, StepAsset, WarmupResult, Warn, Weights
+from dagster_rl.sandbox.bubblewrap import default_sandboxes
+from dagster_rl.sandbox.placement import Sandboxes
 from dagster_rl.store.artifact_store import ArtifactRef, ArtifactStore
 from dagster_rl.tasks.agent.environment import World, environment_of
 from dagster_rl.tasks.agent.evaluation import AgentEvaluation, evaluate
 from dagster_rl.tasks.agent.experiment import AgentExperiment as Exp
 from dagster_rl.tasks.agent.records import AgentReward, AgentTrajectory, EpisodeRequest
+from dagster_rl.tasks.agent.rollout_hf import TrialTimes
 from dagster_rl.tasks.agent.warmup import AgentWarmupStats, warm_up
 from dagster_rl.tasks.lm.backend_protocols import Checkpoint
 from dagster_rl.tasks.lm.loop import LMLoop
@@ -44,9 +48,52 @@ CODE_VERSIONS = {
 
 
 def sandbox_root() -> Path:
-    """Where the warm-up's and the evaluation's episodes make their sandboxes (the rollout
+    """Where the warm-up's and the evaluation's episodes keep their trials' folders (the rollout
     environment's scratch folder holds the steps')."""
     return Path(tempfile.gettempdir()) / "dagster_rl_sandboxes"
+
+
+def checked_sandboxes(exp: Exp, sandboxes: Sandboxes | None) -> Sandboxes | None:
+    """Where the experiment's programs run (`sandboxes`, else bubblewrap on this machine), checked to make
+    sandboxes before the first episode when its environment runs programs (a `SandboxUnavailable` naming what
+    to install otherwise); None when it runs none."""
+    if not environment_of(exp.task.environment.name).runs_programs:
+        return None
+    sandboxes = sandboxes or default_sandboxes()
+    sandboxes.check()
+    return sandboxes
+
+
+def tool_metrics(exp: Exp, trajectories: list[AgentTrajectory]) -> dict[str, float]:
+    """The share of trials that ran a program, and programs per trial (environments that run programs only)."""
+    if not environment_of(exp.task.environment.name).runs_programs:
+        return {}
+    calls = [sum(len(turn.calls) for turn in t.turns) for t in trajectories]
+    return {"tool_call_share": mean([float(n > 0) for n in calls]), "tool_calls_per_trial": mean([float(n) for n in calls])}
+
+
+def tool_shares(evaluation: AgentEvaluation, **others: AgentEvaluation) -> dict[str, float]:
+    """`tool_call_share` of an evaluation, and of the others as `<name>_tool_call_share` (environments that run programs)."""
+    if evaluation.tool_call_share is None:
+        return {}
+    found = {"tool_call_share": evaluation.tool_call_share}
+    return found | {f"{k}_tool_call_share": e.tool_call_share for k, e in others.items() if e.tool_call_share is not None}
+
+
+def store_call_times(store: ArtifactStore, trajectories: list[AgentTrajectory], times: dict[str, TrialTimes]) -> None:
+    """Each new trajectory's program wall times (`call_times`, keyed by the trajectory's content):
+    beside the trajectory, not in it, so a trial replayed elsewhere stores the same bytes; the first
+    writer's times are kept."""
+    for t in trajectories:
+        known = times.get(t.trial_id)
+        if known is None or not any(turn.calls for turn in t.turns):
+            continue
+        key = call_times_key(t)
+        if not store.exists(CALL_TIMES, key):
+            try:
+                store.put_model(CALL_TIMES, key, CallTimes(trial_id=t.trial_id, seconds=known.calls))
+            except ArtifactConflictError:
+                pass  # another writer stored this trajectory's times first
 
 
 def plan_episodes(exp: Exp, step: int) -> list[EpisodeRequest]:
@@ -70,6 +117,28 @@ def plan_episodes(exp: Exp, step: int) -> list[EpisodeRequest]:
 
 
 class AgentLoop(LMLoop):
+    """The loop; `sandboxes`: where the environments' programs run in the warm-up's and the
+    evaluations' episodes (a run's rollout backend names its own; default: bubblewrap on this machine)."""
+
+    def __init__(self, sandboxes: Sandboxes | None = None):
+        self.sandboxes = sandboxes
+
+    def sandboxes_for(self, exp: Exp) -> Sandboxes | None:
+        """Where the experiment's programs run (see `checked_sandboxes`)."""
+        found = checked_sandboxes(exp, self.sandboxes)
+        self.sandboxes = found or self.sandboxes
+        return found
+
+    def program_inputs(self, exp: Exp) -> dict[str, str]:
+        """What a key holds of the sandbox: the interpreter programs run on (environments that run programs)."""
+        sandboxes = self.sandboxes_for(exp)
+        return {"sandbox": sandboxes.identity()} if sandboxes is not None else {}
+
+    def iter_steps(self, exp, steps, start, store, backends, warn):
+        """The language-model loop's, with the rollout backend's sandboxes for the evaluations too."""
+        self.sandboxes = getattr(backends.rollout, "sandboxes", None) or self.sandboxes
+        return super().iter_steps(exp, steps, start, store, backends, warn)
+
     def prompt_set(self, exp: Exp) -> list[World]:  # type: ignore[override]
         """The held-out worlds (a step's training worlds are its own: `plan_episodes`)."""
         return exp.heldout_worlds()
@@ -96,12 +165,13 @@ class AgentLoop(LMLoop):
             environment_code=environment_of(env.name).code_version,
             max_turns=exp.demo_turns,
             seed=exp.seed,
+            **self.program_inputs(exp),
         )
 
         def compute() -> dict[str, bytes]:
             counters.bump("warmups")
             with torch_threads(exp.trainer.threads_per_process):  # a training job, sized like the trainer's
-                files, stats = warm_up(load_policy(exp.policy), env, settings, exp.seed, exp.demo_turns, sandbox_root())
+                files, stats = warm_up(load_policy(exp.policy), exp, settings, sandbox_root(), self.sandboxes_for(exp))
             return {**files, WARMUP: canonical_json(stats)}
 
         return store.get_or_put_files("weights", key, compute)
@@ -123,6 +193,7 @@ class AgentLoop(LMLoop):
                 "mean_reward": sft.mean_reward,
                 "base_success": base.success,
                 "base_mean_turns": base.mean_turns,
+                **tool_shares(sft, base=base),
                 "n_worlds": sft.n,
                 "demos": stats.demos,
                 "demo_turns": stats.demo_turns,
@@ -151,17 +222,21 @@ class AgentLoop(LMLoop):
         progress.begin(step, len(requests))
         judged = Judged()  # judged as each episode ends, while the others still play
 
+        times: dict[str, TrialTimes] = {}
+
         def run(pending: list[str]) -> list[AgentTrajectory | TrialFailed]:
             progress.generated(step, len(requests) - len(pending))
-            return judge_as_they_land(
+            outcomes = judge_as_they_land(
                 exp,
                 judge,
                 judged,
-                lambda on_done: backends.rollout.generate(exp, [requests[t] for t in pending], behavior, on_done),
+                lambda on_done: backends.rollout.generate(exp, [requests[t] for t in pending], behavior, on_done, times),
                 landed=lambda _: progress.generated(step),
                 generated=lambda: progress.phase(step, "judging"),
                 done=lambda n: progress.judged(step, n),
             )
+            store_call_times(store, [o for o in outcomes if isinstance(o, AgentTrajectory)], times)
+            return outcomes
 
         def make(trajectories: list[AgentTrajectory], failed: list[str]) -> Rollouts[AgentTrajectory]:
             return Rollouts[AgentTrajectory](
@@ -194,6 +269,10 @@ class AgentLoop(LMLoop):
             recovered=recovered(rollouts, rewards),
             judge_seconds=judged.clock.judge_s,
             judge_hidden_seconds=judged.clock.hidden_s,
+            timings={  # of generate_s: the trials' environments' answers, and their programs in the sandbox (sums over trials)
+                "environment_s": sum(t.environment_s for t in times.values()),
+                "sandbox_s": sum(t.sandbox_s for t in times.values()),
+            },
         )
 
     def _rollouts_key(self, exp: Exp, step: int, behavior: Weights[Checkpoint]) -> str:
@@ -206,6 +285,7 @@ class AgentLoop(LMLoop):
             sampling=exp.sampling,
             environment_code=environment_of(exp.task.environment.name).code_version,
             **exp.rollout.cache_inputs(),
+            **self.program_inputs(exp),
         )
 
     def _train(self, exp, step, previous, gen, store, backends, reference):
@@ -217,6 +297,7 @@ class AgentLoop(LMLoop):
             **result.metrics,
             "mean_turns": mean([float(r.turns) for r in used.values()]),
             "mean_sampled_tokens": mean(sampled),
+            **tool_metrics(exp, [t for t in gen.rollouts.trajectories if t.trial_id in used]),
         }
         return result.model_copy(update={"metrics": metrics}), weights
 
@@ -251,6 +332,7 @@ class AgentLoop(LMLoop):
                 "start_success": start.success,
                 "start_mean_turns": start.mean_turns,
                 "base_success": base_scored.success,
+                **tool_shares(scored, start=start, base=base_scored),
                 "n_worlds": scored.n,
                 "failed_episodes": scored.failed,
                 "weights_version": weights.version,
@@ -273,12 +355,18 @@ class AgentLoop(LMLoop):
             max_turns=exp.task.episode.max_turns,
             max_turn_tokens=exp.task.episode.max_turn_tokens,
             rubric=exp.rubric,
+            **self.program_inputs(exp),
         )
 
         def compute() -> AgentEvaluation:
             counters.bump("evaluations")
             return evaluate(
-                load_policy(exp.policy, weights.payload), exp, prompts, sandbox_root(), weights_hash=weights.ref.content_hash
+                load_policy(exp.policy, weights.payload),
+                exp,
+                prompts,
+                sandbox_root(),
+                self.sandboxes_for(exp),
+                weights_hash=weights.ref.content_hash,
             )
 
         return store.get_or_put("evaluations", key, AgentEvaluation, compute)

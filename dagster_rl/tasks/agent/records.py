@@ -15,7 +15,7 @@ The field names the trainer reads are a single-turn rollout's (`dagster_rl.tasks
 beside them.
 """
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from dagster_rl.core.records import Record
 from dagster_rl.tasks.agent.environment import JudgeValue
@@ -33,6 +33,21 @@ class EpisodeRequest(Record):
     seed: int
 
 
+class ToolCall(Record):
+    """A program the environment ran in the trial's sandbox during a turn (a tool call): what ran,
+    what it printed (each stream as kept: `*_cut` bytes more were not) and how it ended
+    (`dagster_rl.sandbox.calls`). Its wall time is kept beside the trajectory, not in it."""
+
+    program: str  # the Python source, or the command's arguments joined by spaces
+    stdout: str
+    stderr: str
+    stdout_cut: int
+    stderr_cut: int
+    exit_status: int | None
+    signal: int | None
+    outcome: str  # exit, timeout, memory, output_limit, file_size, disk_limit, killed
+
+
 class Turn(Record):
     """One turn: the action's sampled ids are completion_token_ids[action_start:action_end], the
     turn markers and observation after it [action_end:observation_end] (empty on the last turn)."""
@@ -45,6 +60,9 @@ class Turn(Record):
     tool: str | None  # the tool call the environment read in the action (None: none)
     argument: str | None
     observation: str  # the environment's answer (not in the sequence when the episode ended on this turn)
+    # the programs the environment ran for this turn; absent from the record when none ran (every turn of
+    # an environment without tools reads as it did before programs ran in sandboxes)
+    calls: list[ToolCall] = Field(default_factory=list, exclude_if=lambda calls: not calls)
 
 
 class AgentTrajectory(Record):

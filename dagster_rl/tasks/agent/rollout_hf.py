@@ -7,19 +7,22 @@ for that turn and the per-turn token budget. A trial that ends leaves the batch;
 What a row samples depends on its seed and its logits alone, not on its batch, so a retried trial
 replays its turns wherever the logits agree.
 
-Each trial is an `agent.episode.Episode`; a trial whose environment fails (or that outlives its
-timeout) becomes a `TrialFailed` and leaves the batch, the others go on. `on_done(trajectory)` is
-called as each trajectory ends (the hook where a judge can take it while the others still generate).
+The environments then answer the turn's actions all at once, each trial's in its own process
+(`agent.episode`): a trial whose environment blocks waits alone until its own time limit, and the
+programs the environments run go to the sandbox tier together. A trial whose environment fails (or
+that outlives its timeout) becomes a `TrialFailed` and leaves the batch, the others go on.
+`on_done(trajectory)` is called as each trajectory ends (the hook where a judge can take it while
+the others still generate); `times[trial_id]` receives each trial's sandbox time.
 """
 
+import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from dagster_rl.core.records import TrialFailed
 from dagster_rl.core.retries import describe
-from dagster_rl.tasks.agent.chat import ChatTurns
-from dagster_rl.tasks.agent.environment import EnvironmentSettings, environment_of
-from dagster_rl.tasks.agent.episode import Episode
+from dagster_rl.tasks.agent.episode import Episode, Stage
 from dagster_rl.tasks.agent.records import AgentTrajectory, EpisodeRequest
 from dagster_rl.tasks.lm.model.policy import Policy
 from dagster_rl.tasks.lm.rollout.sampling import generate
@@ -28,56 +31,90 @@ from dagster_rl.tasks.lm.settings import SamplingSettings
 Outcome = AgentTrajectory | TrialFailed
 
 
+@dataclass
+class TrialTimes:
+    """Where one trial's time went beside generation: its programs in the sandbox (per turn, each
+    program's wall time), and its environment's answers (sandbox included)."""
+
+    sandbox_s: float = 0.0
+    environment_s: float = 0.0
+    calls: list[list[float]] = field(default_factory=list)
+
+
+def record_times(times: dict[str, TrialTimes] | None, episode: Episode, environment_s: float) -> None:
+    if times is not None:
+        times[episode.request.trial_id] = TrialTimes(episode.sandbox_seconds, environment_s, episode.call_seconds)
+
+
+def start_episodes(requests: Sequence[EpisodeRequest], stage: Stage, fail: Callable[[EpisodeRequest, BaseException], None]):
+    """An episode per request, made together (each environment's process starts in its own thread)."""
+
+    def start(r: EpisodeRequest) -> Episode | None:
+        try:
+            return Episode(r, stage)
+        except Exception as e:
+            fail(r, e)
+            return None
+
+    if not requests:
+        return []
+    with ThreadPoolExecutor(min(len(requests), 64), "episode-start") as pool:
+        return [e for e in pool.map(start, requests) if e is not None]
+
+
 def run_episodes(
     policy: Policy,
     requests: Sequence[EpisodeRequest],
-    environment: EnvironmentSettings,
+    stage: Stage,
     sampling: SamplingSettings,
-    max_turns: int,
-    timeout_s: float,
-    sandbox_root: Path,
     on_done: Callable[[AgentTrajectory], None] | None = None,
     batch_size: int = 256,
+    times: dict[str, TrialTimes] | None = None,
 ) -> list[Outcome]:
     """One outcome per request, in the order of `requests`: its trajectory, or how it failed.
     `sampling.max_new_tokens` is the per-turn token budget; temperature 0 is greedy (evaluation)."""
-    spec, chat = environment_of(environment.name), ChatTurns.of(policy.tokenizer)
     outcomes: dict[str, Outcome] = {}
-    live: list[Episode] = []
+    environment_s: dict[str, float] = {}
 
     def fail(request: EpisodeRequest, error: BaseException) -> None:
         outcomes[request.trial_id] = TrialFailed(trial_id=request.trial_id, error=f"the environment failed: {describe(error)}")
 
-    for r in requests:
-        try:
-            live.append(Episode(r, spec, environment, chat, max_turns, timeout_s, sandbox_root))
-        except Exception as e:
-            fail(r, e)
+    live = start_episodes(requests, stage, fail)
     policy.mode(training=False)
     tok = policy.tokenizer
+
+    def answer(episode: Episode, g) -> AgentTrajectory | None:
+        """The environment's answer to the trial's action: its trajectory when the episode ended."""
+        t0 = time.monotonic()
+        try:
+            episode.advance(g.completion_ids, g.logprobs, g.finish_reason)
+            if not episode.live:
+                return episode.trajectory(sampling.temperature, sampling.top_p, policy.version)
+        except Exception as e:
+            fail(episode.request, e)
+        finally:
+            environment_s[episode.request.trial_id] = environment_s.get(episode.request.trial_id, 0.0) + time.monotonic() - t0
+        return None
+
     try:
-        with policy.merged() as model:
+        with policy.merged() as model, ThreadPoolExecutor(min(max(len(live), 1), batch_size), "environment") as pool:
             while live:
                 for start in range(0, len(live), batch_size):
                     batch = live[start : start + batch_size]
                     gens = generate(
                         model, [e.ids for e in batch], [e.turn_seed for e in batch], sampling, tok.eos_token_id, tok.pad_token_id
                     )
-                    for episode, g in zip(batch, gens, strict=True):
-                        try:
-                            episode.advance(g.completion_ids, g.logprobs, g.finish_reason)
-                            if not episode.live:
-                                trajectory = episode.trajectory(sampling.temperature, sampling.top_p, policy.version)
-                                outcomes[trajectory.trial_id] = trajectory
-                                if on_done is not None:
-                                    on_done(trajectory)
-                        except Exception as e:
-                            fail(episode.request, e)
+                    for trajectory in pool.map(answer, batch, gens):
+                        if trajectory is not None:
+                            outcomes[trajectory.trial_id] = trajectory
+                            if on_done is not None:
+                                on_done(trajectory)
                 still = []
                 for episode in live:
                     if episode.live and episode.request.trial_id not in outcomes:
                         still.append(episode)
                     else:
+                        record_times(times, episode, environment_s.get(episode.request.trial_id, 0.0))
                         episode.close()
                 live = still
     finally:

@@ -17,6 +17,7 @@ it outlived `task.episode.trial_timeout_s`) is played again from its first turn,
 """
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,12 +30,12 @@ from dagster_rl.core.retries import AttemptsExhausted, describe, with_retries
 from dagster_rl.core.task import Weights
 from dagster_rl.inference.http_json import EndpointError
 from dagster_rl.inference.vllm_client import ServerSampling
+from dagster_rl.sandbox.placement import Sandboxes
 from dagster_rl.tasks.agent.chat import ChatTurns
-from dagster_rl.tasks.agent.environment import environment_of
-from dagster_rl.tasks.agent.episode import Episode
+from dagster_rl.tasks.agent.episode import Episode, stage
 from dagster_rl.tasks.agent.experiment import AgentExperiment
 from dagster_rl.tasks.agent.records import AgentTrajectory, EpisodeRequest
-from dagster_rl.tasks.agent.rollout_hf import Outcome
+from dagster_rl.tasks.agent.rollout_hf import Outcome, TrialTimes, record_times
 from dagster_rl.tasks.lm.backend_protocols import Checkpoint
 from dagster_rl.tasks.lm.rollout.openai_client import ServerRollouts
 
@@ -46,6 +47,7 @@ class AgentServerRollouts:
 
     server: ServerRollouts
     sandbox_root: Path
+    sandboxes: Sandboxes | None = None  # where the environments' programs run (the sandbox tier)
     _on_done: threading.Lock = field(default_factory=threading.Lock)
 
     def generate(
@@ -54,9 +56,11 @@ class AgentServerRollouts:
         requests: Sequence[EpisodeRequest],
         behavior: Weights[Checkpoint],
         on_done: Callable[[AgentTrajectory], None] | None = None,
+        times: dict[str, TrialTimes] | None = None,
     ) -> list[Outcome]:
         """One outcome per request, in their order: its trajectory, or how it failed after its retries.
-        `on_done(trajectory)` as each trajectory ends (one call at a time)."""
+        `on_done(trajectory)` as each trajectory ends (one call at a time); `times[trial]`: where each
+        trial's time went."""
         if not requests:
             return []
         server, limits = self.server, self.server.limits
@@ -66,12 +70,13 @@ class AgentServerRollouts:
         server.check_logprobs_mode(model, chat.prompt(exp.task.environment.name), vocab)
         s = exp.turn_sampling
         sampling = ServerSampling(s.temperature, s.top_p, s.max_new_tokens, stop_token_ids=(chat.eos_id,))
-        spec, episode = environment_of(exp.task.environment.name), exp.task.episode
+        episodes, episode = stage(exp, chat, self.sandbox_root, self.sandboxes), exp.task.episode
 
         def play(r: EpisodeRequest, attempt: int) -> AgentTrajectory:
             counters.bump("trials_executed")
             maybe_fail(exp.faults.flaky_trial_rate, attempt, exp.seed, "trial", r.trial_id)
-            e = Episode(r, spec, exp.task.environment, chat, episode.max_turns, episode.trial_timeout_s, self.sandbox_root)
+            e = Episode(r, episodes)
+            environment_s = 0.0
             try:
                 while e.live:
                     try:
@@ -86,8 +91,12 @@ class AgentServerRollouts:
                     except EndpointError:
                         e.check_time()  # the trial's time ran out during the request: that is the failure
                         raise
+                    t0 = time.monotonic()
                     e.advance(c.token_ids, c.logprobs, c.finish_reason)
-                return e.trajectory(s.temperature, s.top_p, behavior.version)
+                    environment_s += time.monotonic() - t0
+                trajectory = e.trajectory(s.temperature, s.top_p, behavior.version)
+                record_times(times, e, environment_s)
+                return trajectory
             finally:
                 e.close()
 

@@ -24,17 +24,25 @@ def _warmup(exp: AgentExperiment, store: ArtifactStore) -> WarmupResult:
     return AgentLoop().warmup(exp, store)
 
 
+def _sandboxes(exp: AgentExperiment, env: RolloutEnv):
+    """The sandbox tier's placement, checked before the first step when the environment runs programs
+    (a `SandboxUnavailable` naming what to install); None when it runs none."""
+    from dagster_rl.tasks.agent.loop import AgentLoop
+
+    return AgentLoop(env.sandboxes).sandboxes_for(exp)
+
+
 def _hf(exp: AgentExperiment, env: RolloutEnv):
     from dagster_rl.tasks.agent.backends import AgentHFRollouts
 
-    return AgentHFRollouts(env.scratch_dir / "dagster_rl_sandboxes", limits=env.limits)
+    return AgentHFRollouts(env.scratch_dir / "dagster_rl_sandboxes", limits=env.limits, sandboxes=_sandboxes(exp, env))
 
 
 def _openai_server(exp: AgentExperiment, env: RolloutEnv):
     from dagster_rl.tasks.agent.rollout_server import AgentServerRollouts
     from dagster_rl.tasks.lm.rollout.openai_client import server_rollouts
 
-    return AgentServerRollouts(server_rollouts(exp, env), env.scratch_dir / "dagster_rl_sandboxes")
+    return AgentServerRollouts(server_rollouts(exp, env), env.scratch_dir / "dagster_rl_sandboxes", _sandboxes(exp, env))
 
 
 TASK = register(

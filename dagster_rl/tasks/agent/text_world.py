@@ -26,14 +26,13 @@ top of the list (`next`) until the digest shows, except that at each turn, with 
 that imitates them browses (greedily, always), and opens the clue's document only now and then:
 GRPO's to make it the rule.
 
-Sandbox: the world's documents are written into the trial's own sandbox directory when the
+Sandbox: the world's documents are written into the trial's own folder (`TrialSandbox.folder`) when the
 environment is made, and `open` reads them from there; a title reaches a path only after it is
 found among the world's titles (the model's text is never a path). Nothing of a trial reaches the
 world or another trial.
 """
 
 import random
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -46,6 +45,7 @@ from dagster_rl.tasks.agent.environment import (
     World,
     register_environment,
 )
+from dagster_rl.tasks.agent.trial_sandbox import TrialSandbox
 
 CODE_VERSION = "secret-search-text-1"
 TITLES = (
@@ -131,9 +131,9 @@ class Contents:
 class SecretSearchText:
     """One trial's environment: the world's documents in the trial's sandbox."""
 
-    def __init__(self, settings: SecretSearchTextSettings, world: World, seed: int, sandbox: Path):
+    def __init__(self, settings: SecretSearchTextSettings, world: World, seed: int, sandbox: TrialSandbox):
         self.world = Contents(settings, world)
-        self.sandbox = sandbox
+        self.sandbox = sandbox.folder
         for title in self.world.titles:
             (sandbox / f"{title}.txt").write_text(self.world.text(self.world.titles.index(title)) + "\n")
         self.opened: list[str] = []

@@ -22,10 +22,11 @@ from pathlib import Path
 from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.core.hashing import seed_of
 from dagster_rl.core.records import Record
+from dagster_rl.sandbox.placement import Sandboxes
 from dagster_rl.tasks.agent.chat import ChatTurns
-from dagster_rl.tasks.agent.environment import EnvironmentSettings, World, environment_of
-from dagster_rl.tasks.agent.episode import Episode
-from dagster_rl.tasks.agent.experiment import AgentWarmupSettings
+from dagster_rl.tasks.agent.environment import World
+from dagster_rl.tasks.agent.episode import Episode, Stage, stage
+from dagster_rl.tasks.agent.experiment import AgentExperiment, AgentWarmupSettings
 from dagster_rl.tasks.agent.records import EpisodeRequest
 from dagster_rl.tasks.lm.model.policy import Policy, checkpoint_bytes
 from dagster_rl.tasks.lm.train.warmup import Example, fit
@@ -46,12 +47,10 @@ def demo_world(seed: int, index: int) -> World:
     return World(world_id, seed_of(seed, "world", world_id))
 
 
-def demonstration(
-    chat: ChatTurns, environment: EnvironmentSettings, seed: int, index: int, max_turns: int, sandbox_root: Path
-) -> Example:
+def demonstration(episodes: Stage, seed: int, index: int) -> Example:
     """Demonstration `index`: the environment's actions, played and recorded as a rollout would be;
-    drawn again until the episode succeeds within `max_turns`."""
-    spec = environment_of(environment.name)
+    drawn again until the episode succeeds within the stage's turn budget."""
+    spec, environment, chat, max_turns = episodes.spec, episodes.settings, episodes.chat, episodes.max_turns
     if spec.demonstrate is None:
         raise DagsterRLError(
             f"environment {spec.name} has no demonstrations (EnvironmentSpec.demonstrate): remove the warmup section"
@@ -62,7 +61,7 @@ def demonstration(
         trial_id=f"demo-{index}", step=-1, prompt=index, sample=0, world_id=world.id, world_seed=world.seed, seed=0
     )
     for _ in range(MAX_DRAWS):
-        episode = Episode(request, spec, environment, chat, max_turns, float("inf"), sandbox_root)
+        episode = Episode(request, episodes)
         try:
             for action in spec.demonstrate(environment, world, rng):
                 if not episode.live:
@@ -80,17 +79,14 @@ def demonstration(
 
 
 def warm_up(
-    policy: Policy,
-    environment: EnvironmentSettings,
-    settings: AgentWarmupSettings,
-    seed: int,
-    max_turns: int,
-    sandbox_root: Path,
+    policy: Policy, exp: AgentExperiment, settings: AgentWarmupSettings, sandbox_root: Path, sandboxes: Sandboxes | None
 ) -> tuple[dict[str, bytes], AgentWarmupStats]:
-    """Fit the policy's adapter to the demonstrations (valid within `max_turns`); return its
-    checkpoint files and the stats."""
-    chat = ChatTurns.of(policy.tokenizer)
-    demos = [demonstration(chat, environment, seed, i, max_turns, sandbox_root) for i in range(settings.demos)]
+    """Fit the policy's adapter to the environment's demonstrations (valid within the warm-up's turn
+    budget, played in this process: they are the environment's own actions); return its checkpoint
+    files and the stats."""
+    episodes = stage(exp, ChatTurns.of(policy.tokenizer), sandbox_root, sandboxes, isolated=False, max_turns=exp.demo_turns)
+    seed = exp.seed
+    demos = [demonstration(episodes, seed, i) for i in range(settings.demos)]
     losses = fit(policy, demos, settings.steps, settings.batch_size, settings.learning_rate, 0.0, settings.max_grad_norm, seed)
     turns = [sum(1 for a, b in zip(m, m[1:], strict=False) if a == 1 and b == 0) + (m[-1] == 1) for _, m in demos]
     stats = AgentWarmupStats(

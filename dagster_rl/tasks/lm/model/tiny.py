@@ -27,8 +27,6 @@ with two eos ids), which a server must not apply to rollouts the trainer scores.
 
 import importlib
 import json
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +37,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
 
 from dagster_rl.tasks.lm.model.build import building
-from dagster_rl.tasks.lm.model.cache import model_cache_dir
+from dagster_rl.tasks.lm.model.cache import cached_folder, model_cache_dir
 from dagster_rl.tasks.lm.model.packaged import PACKAGED, provision
 
 PAD, EOS = "<pad>", "<eos>"
@@ -200,13 +198,5 @@ def resolve_model(name: str) -> str:
         return str(provision(builtin, model_cache_dir()))
     if builtin not in BUILTINS:
         raise ValueError(f"no built-in model {builtin!r}; built-in models: {', '.join([*BUILTINS, *PACKAGED])}")
-    folder = model_cache_dir() / builtin
-    if not (folder / "config.json").exists():
-        tmp = Path(tempfile.mkdtemp(prefix=f".{builtin}-", dir=folder.parent if folder.parent.exists() else None))
-        save_tiny_model(tmp, BUILTINS[builtin].seed, builtin)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            tmp.rename(folder)
-        except OSError:  # another process built it first
-            shutil.rmtree(tmp, ignore_errors=True)
-    return str(folder)
+    seed = BUILTINS[builtin].seed
+    return str(cached_folder(model_cache_dir(), builtin, lambda folder: save_tiny_model(folder, seed, builtin), name))

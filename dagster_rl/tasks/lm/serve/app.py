@@ -31,7 +31,8 @@ It cannot be wedged by what a client sends:
 
 - every field is type-checked: a wrong type, `max_tokens` < 1, a non-finite number is a 400 naming
   the field; prompt + max_tokens beyond the model's context (`max_position_embeddings`) is a 400
-  naming both; a body over `MAX_BODY_BYTES` is a 413;
+  naming both; a body over `MAX_BODY_BYTES` is a 413, one nested deeper than Python's JSON reader goes
+  (its recursion limit) a 400;
 - adapters load only from the folders given with `--adapter-root` (repeatable; or
   `$DAGSTER_RL_ADAPTER_ROOTS`, which a rollout environment that starts the server sets), resolved,
   so a link out of them is outside: 403 otherwise; a load that fails (any name works: PEFT sees an
@@ -49,6 +50,7 @@ import argparse
 import asyncio
 import json
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
@@ -200,6 +202,12 @@ async def read_json(request: Request, required: bool = True) -> dict[str, Any]:
         body = json.loads(b"".join(chunks) or b"{}")
     except ValueError:
         raise APIError(HTTPStatus.BAD_REQUEST, "the request body is not JSON") from None
+    except RecursionError:  # Python's reader recurses once per level, up to the interpreter's recursion limit
+        raise APIError(
+            HTTPStatus.BAD_REQUEST,
+            f"the request body is JSON nested too deep (arrays or objects inside one another, beyond the "
+            f"{sys.getrecursionlimit()} levels Python's JSON reader goes); a request of this API nests a few",
+        ) from None
     if not isinstance(body, dict):
         raise APIError(HTTPStatus.BAD_REQUEST, "the request body must be a JSON object")
     return body
