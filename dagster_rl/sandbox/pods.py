@@ -46,8 +46,10 @@ outcome, the same as on a laptop.
 
 **Leftovers.** Pods carry `app.kubernetes.io/component: sandbox` and the owner's id as labels, and,
 when the driver runs in a pod, an owner reference to it (the garbage collector deletes them with
-it); `activeDeadlineSeconds` ends any pod past `active_deadline_s`. The first `open` of each
-process also deletes the sandbox pods that have ended, and those whose owner pod is gone.
+it); `activeDeadlineSeconds` ends any pod past `active_deadline_s`. The driver (the process that
+made the placement) deletes, when it first connects, the sandbox pods that have ended and those
+whose owner pod or process is gone; its pool keeper deletes, while it runs, the pods taken by trial
+processes of this host that are gone.
 """
 
 import hashlib
