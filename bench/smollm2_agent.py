@@ -13,6 +13,7 @@ instance with a fresh artifact store, in this process, and prints from the mater
   sampled success, mean turns and GRPO groups with a signal.
 
     .venv/bin/python bench/smollm2_agent.py                          # defaults: 4 steps of 4 worlds x 4 trials (9-15 min on 2 busy cores)
+    .venv/bin/python bench/smollm2_agent.py --experiment experiments/smollm2_python.yaml --seed 1   # the Python tool
     .venv/bin/python bench/smollm2_agent.py --steps 20 --worlds 8 --samples 8 --eval 64   # a longer run (a GPU's size)
     .venv/bin/python bench/smollm2_agent.py --warmup-steps 0          # GRPO from the base model alone
     .venv/bin/python bench/smollm2_agent.py --set '{"grpo": {"learning_rate": 0.002}}'    # any setting, one level deep
@@ -39,20 +40,22 @@ from bench.learning_curves import train_through_driver
 
 
 def settings(args: argparse.Namespace) -> dict:
-    """bench/smollm2_agent.yaml with the flags, then `--set`, merged one level deep."""
+    """The experiment file (bench/smollm2_agent.yaml by default) with the flags given, then `--set`,
+    merged one level deep."""
     import yaml
 
-    raw = yaml.safe_load(EXPERIMENT.read_text())
-    raw.update(n_steps=args.steps, prompts_per_step=args.worlds, n_samples=args.samples, seed=args.seed)
-    raw["min_trials_per_step"] = args.worlds * args.samples
-    raw["task"] = {
-        **raw["task"],
-        "n_eval": args.eval,
-        "episode": {**raw["task"]["episode"], "max_turns": args.turns, "max_turn_tokens": args.turn_tokens},
-    }
+    raw = yaml.safe_load(args.experiment.read_text())
+    given = {"n_steps": args.steps, "prompts_per_step": args.worlds, "n_samples": args.samples, "seed": args.seed}
+    raw.update({k: v for k, v in given.items() if v is not None})
+    if args.worlds is not None or args.samples is not None:
+        raw["min_trials_per_step"] = raw["prompts_per_step"] * raw["n_samples"]
+    episode = {k: v for k, v in (("max_turns", args.turns), ("max_turn_tokens", args.turn_tokens)) if v is not None}
+    raw["task"] = {**raw["task"], "episode": {**raw["task"]["episode"], **episode}}
+    if args.eval is not None:
+        raw["task"]["n_eval"] = args.eval
     if args.warmup_steps == 0:
         raw.pop("warmup", None)
-    else:
+    elif args.warmup_steps is not None:
         raw["warmup"] = {**raw["warmup"], "steps": args.warmup_steps}
     raw["trainer"] = {**raw["trainer"], "threads_per_process": args.threads}
     raw["generation_threads"] = args.threads
@@ -78,50 +81,73 @@ def print_tables(raw: dict, result: dict, load_before: float) -> None:
         f"{first['n_worlds']} held-out worlds; {result['wall_s']:.0f} s in all; load average {load_before:.2f} before, "
         f"{os.getloadavg()[0]:.2f} after; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
     )
+    tools = "tool_call_share" in first  # an environment that runs programs: the share of episodes that did
+
+    def share(md: dict, prefix: str = "") -> str:
+        return f" {md[f'{prefix}tool_call_share']:.3f} |" if tools else ""
+
     print("\nheld-out greedy episodes")
-    print("| policy | success | mean turns |")
-    print("| --- | --- | --- |")
+    print("| policy | success | mean turns |" + (" called the tool |" if tools else ""))
+    print("| --- | --- | --- |" + (" --- |" if tools else ""))
     if sft is not None:
-        print(f"| base model | {sft['base_success']:.3f} | {sft['base_mean_turns']:.2f} |")
+        print(f"| base model | {sft['base_success']:.3f} | {sft['base_mean_turns']:.2f} |" + share(sft, "base_"))
         print(
             f"| warm-up ({sft['sft_steps']} SFT steps on {sft['demos']} demonstrations, {sft['warmup_s']:.0f} s with its "
-            f"evaluations): GRPO's start | {sft['success']:.3f} | {sft['mean_turns']:.2f} |"
+            f"evaluations): GRPO's start | {sft['success']:.3f} | {sft['mean_turns']:.2f} |" + share(sft)
         )
     else:
-        print(f"| base model: GRPO's start | {first['start_success']:.3f} | {first['start_mean_turns']:.2f} |")
+        print(
+            f"| base model: GRPO's start | {first['start_success']:.3f} | {first['start_mean_turns']:.2f} |"
+            + share(first, "start_")
+        )
     for s in steps:
-        print(f"| after step {int(s)} | {evaluation[s]['success']:.3f} | {evaluation[s]['mean_turns']:.2f} |")
+        print(
+            f"| after step {int(s)} | {evaluation[s]['success']:.3f} | {evaluation[s]['mean_turns']:.2f} |" + share(evaluation[s])
+        )
 
     print(
         "\nper step (seconds; the judge's milliseconds are part of the rollout's, its hidden part judged while other episodes played)"
     )
     print(
-        "| step | rollout s | judge ms (hidden) | train s | eval s | sampled success | sampled mean turns | mean reward | groups with signal |"
+        "| step | rollout s | environment s (sandbox s) | judge ms (hidden) | train s | eval s | sampled success | "
+        "sampled mean turns | called the tool | mean reward | groups with signal |"
     )
-    print("| --- " * 9 + "|")
+    print("| --- " * 11 + "|")
     for s in steps:
         w = weights[s]
+        called = f"{w['tool_call_share']:.3f}" if "tool_call_share" in w else ""
         print(
-            f"| {int(s)} | {w['generate_s']:.1f} | {1000 * w['judge_s']:.2f} ({1000 * w['judge_hidden_s']:.2f}) | {w['train_s']:.1f} | "
-            f"{evaluation[s]['eval_s']:.1f} | {w['success_rate']:.3f} | {w['mean_turns']:.2f} | {w['mean_reward']:.3f} | "
+            f"| {int(s)} | {w['generate_s']:.1f} | {w.get('environment_s', 0.0):.1f} ({w.get('sandbox_s', 0.0):.1f}) | "
+            f"{1000 * w['judge_s']:.2f} ({1000 * w['judge_hidden_s']:.2f}) | {w['train_s']:.1f} | "
+            f"{evaluation[s]['eval_s']:.1f} | {w['success_rate']:.3f} | {w['mean_turns']:.2f} | {called} | {w['mean_reward']:.3f} | "
             f"{w['groups_with_signal']:.0f}/{raw['prompts_per_step']} |"
         )
     n = len(steps)
-    mean = {k: sum(weights[s][k] for s in steps) / n for k in ("generate_s", "train_s")}
-    print(f"| mean | {mean['generate_s']:.1f} | | {mean['train_s']:.1f} | | | | | |", flush=True)
+    mean = {k: sum(weights[s].get(k, 0.0) for s in steps) / n for k in ("generate_s", "environment_s", "sandbox_s", "train_s")}
+    print(
+        f"| mean | {mean['generate_s']:.1f} | {mean['environment_s']:.1f} ({mean['sandbox_s']:.1f}) | | {mean['train_s']:.1f} "
+        "| | | | | | |",
+        flush=True,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4, help="GRPO steps")
-    parser.add_argument("--worlds", type=int, default=4, help="training worlds per step (GRPO groups)")
-    parser.add_argument("--samples", type=int, default=4, help="trials per world")
-    parser.add_argument("--eval", type=int, default=16, help="held-out worlds of each greedy evaluation")
-    parser.add_argument("--turns", type=int, default=3, help="an episode's turn budget")
-    parser.add_argument("--turn-tokens", type=int, default=16, help="tokens one action may sample")
-    parser.add_argument("--warmup-steps", type=int, default=12, help="SFT steps on demonstrations before GRPO; 0: none")
+    parser.add_argument(
+        "--experiment",
+        type=Path,
+        default=EXPERIMENT,
+        help="the experiment file (default: %(default)s; experiments/smollm2_python.yaml: the Python tool)",
+    )
+    parser.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the file's)")
+    parser.add_argument("--worlds", type=int, default=None, help="training worlds per step (GRPO groups)")
+    parser.add_argument("--samples", type=int, default=None, help="trials per world")
+    parser.add_argument("--eval", type=int, default=None, help="held-out worlds of each greedy evaluation")
+    parser.add_argument("--turns", type=int, default=None, help="an episode's turn budget")
+    parser.add_argument("--turn-tokens", type=int, default=None, help="tokens one action may sample")
+    parser.add_argument("--warmup-steps", type=int, default=None, help="SFT steps on demonstrations before GRPO; 0: none")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of generation and of the trainer")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--set", default="{}", metavar="JSON", help="override settings, merged one level deep")
     parser.add_argument("--json", type=Path, default=None, help="append the run's settings and metadata to this JSON-lines file")
     args = parser.parse_args()

@@ -29,7 +29,7 @@ DOC_TEST = re.compile(r"^<!--\s*doc-test:(?P<args>.*?)-->\s*$")
 ARG = re.compile(r'(\w+)=(?:"([^"]*)"|(\S+))')
 # a Dagster command at a command position (line start, after ; && || | $( or `env` assignments)
 BARE = re.compile(r"(?:^|[;&|(]\s*|^\s*(?:\w+=\S+\s+)+)(dagster(?:-rl|-daemon|-webserver)?)(?=\s|$)", re.M)
-NEEDS_HOME = re.compile(r"\.venv/bin/dagster(?:-rl|-daemon|-webserver)?\b(?!.*(?:--help|\bserve\b))")
+NEEDS_HOME = re.compile(r"\.venv/bin/dagster(?:-rl|-daemon|-webserver)?\b(?!.*(?:--help|\bserve\b|\bsandbox\b))")
 SETS_HOME = re.compile(r'^export DAGSTER_HOME=("?)(\$PWD|/)', re.M)
 
 
