@@ -7,12 +7,12 @@ import warnings
 from dagster import AssetSelection, Definitions, EnvVar, define_asset_job
 
 from assets.console import concise_console, quiet_interrupted_connection_closes, refuse_to_load
-from assets.deployment import artifact_url, executor, rollout_environment, trainer_environment
+from assets.deployment import artifact_url, executor, rollout_environment, sandbox_environment, trainer_environment
 from assets.driver import build_driver, build_warmup
 from assets.experiments import missing_folder, problems, read
 from dagster_rl.core.errors import DagsterRLError, ExperimentError, SettingError
 from dagster_rl.core.experiment import Experiment
-from resources import ArtifactStoreResource, JudgeEnvironment, SandboxEnvironment
+from resources import ArtifactStoreResource, JudgeEnvironment
 from resources.artifact_store import dagster_home
 
 JUDGE_URL, JUDGE_MODEL, JUDGE_API_KEY = "DAGSTER_RL_JUDGE_URL", "DAGSTER_RL_JUDGE_MODEL", "DAGSTER_RL_JUDGE_API_KEY"
@@ -47,7 +47,7 @@ def default_resources(store: ArtifactStoreResource) -> dict:
         "judge": judge_environment(store),
         "trainer": trainer_environment(),
         "artifact_store": store,
-        "sandbox": SandboxEnvironment(),
+        "sandbox": sandbox_environment(),
     }
 
 

@@ -12,6 +12,8 @@ cluster (deploy/helm/values.yaml sets these variables on the user code deploymen
     DAGSTER_RL_STORAGE_CLAIM      the PersistentVolumeClaim the pods mount (shared with the driver)
     DAGSTER_RL_STORAGE_PATH       where it is mounted, in every pod (default /data)
     DAGSTER_RL_EXECUTOR           k8s: every run's steps run in their own pods (k8s_job_executor)
+    DAGSTER_RL_SANDBOX_IMAGE      set: the programs agents run go to sandbox pods of this image (else bubblewrap)
+    DAGSTER_RL_SANDBOX_RUNTIME_CLASS  their runtimeClassName (gVisor, Kata), when the cluster has one
 
 URLs and keys are `EnvVar`s, read where the run executes (the UI shows the names, never a key).
 """
@@ -22,7 +24,7 @@ from dagster import EnvVar, ExecutorDefinition
 
 from assets.concurrency import experiment_executor, experiment_k8s_executor
 from dagster_rl.core.errors import SettingError
-from resources import PipesK8sJobLauncher, PipesTorchrunLauncher, RolloutEnvironment, TrainerEnvironment
+from resources import PipesK8sJobLauncher, PipesTorchrunLauncher, RolloutEnvironment, SandboxEnvironment, TrainerEnvironment
 
 ARTIFACTS = "DAGSTER_RL_ARTIFACTS"
 ROLLOUT_URL, ROLLOUT_API_KEY, ADAPTER_DIR = "DAGSTER_RL_ROLLOUT_URL", "DAGSTER_RL_ROLLOUT_API_KEY", "DAGSTER_RL_ADAPTER_DIR"
@@ -33,6 +35,7 @@ K8S_IMAGE, K8S_NAMESPACE, K8S_SERVICE_ACCOUNT = (
 )
 STORAGE_CLAIM, STORAGE_PATH = "DAGSTER_RL_STORAGE_CLAIM", "DAGSTER_RL_STORAGE_PATH"
 EXECUTOR = "DAGSTER_RL_EXECUTOR"
+SANDBOX_IMAGE, SANDBOX_RUNTIME_CLASS = "DAGSTER_RL_SANDBOX_IMAGE", "DAGSTER_RL_SANDBOX_RUNTIME_CLASS"
 
 
 def artifact_url() -> str:
@@ -65,6 +68,19 @@ def trainer_environment() -> TrainerEnvironment:
         workdir=f"{mount.rstrip('/')}/trainer-jobs",
     )
     return TrainerEnvironment(launcher=PipesTorchrunLauncher(), k8s=k8s, timeout_s=4 * 3600.0)
+
+
+def sandbox_environment() -> SandboxEnvironment:
+    """Bubblewrap on this machine; sandbox pods on the cluster when DAGSTER_RL_SANDBOX_IMAGE is set."""
+    if not os.environ.get(SANDBOX_IMAGE):
+        return SandboxEnvironment()
+    return SandboxEnvironment(
+        backend="k8s",
+        pod_image=os.environ[SANDBOX_IMAGE],
+        pod_namespace=os.environ.get(K8S_NAMESPACE, ""),
+        pod_runtime_class_name=os.environ.get(SANDBOX_RUNTIME_CLASS, ""),
+        max_concurrency=64,
+    )
 
 
 def executor() -> ExecutorDefinition:

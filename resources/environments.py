@@ -114,14 +114,15 @@ class RolloutEnvironment(_Environment):
 
 class SandboxEnvironment(_Environment):
     """The sandbox tier: where the programs an agent's environment runs (a tool call's Python) run,
-    isolated and bounded (`dagster_rl.sandbox`). `bubblewrap` (the embedded default): a bubblewrap
-    sandbox per call on this machine, as an unprivileged user, with no network and nothing of the
-    host but the interpreter's files; `k8s`: a pod of the sandbox tier per episode. Its own limits:
-    `max_concurrency` sandboxes at once (across the run's processes), `max_retries` attempts again
-    a sandbox that could not be made (never a program that ran), `timeout_s` how long a call may
-    wait for a free sandbox. What one program may use (CPU seconds, memory, output) is the
-    experiment's, in its environment's settings. Bubblewrap must be installed where it runs: a run
-    whose environment runs programs fails before its first step, naming the package, when it is not.
+    isolated and bounded (`dagster_rl.sandbox`, docs/sandbox.md). `bubblewrap` (the embedded default):
+    a bubblewrap sandbox per call on this machine, as an unprivileged user, with no network and
+    nothing of the host but the interpreter's files; `k8s`: a fresh pod of the sandbox tier per
+    episode, taken from a pool started ahead (docs/kubernetes.md, "Sandboxes"). Its own limits:
+    `max_concurrency` sandboxes at once (across the run's processes), `max_retries` attempts again a
+    sandbox that could not be made (never a program that ran), `timeout_s` how long a call may wait
+    for a free sandbox. What one program may use (CPU seconds, memory, output) is the experiment's,
+    in its environment's settings. A run whose environment runs programs checks the placement before
+    its first step: bubblewrap missing, or no pod that runs a program, fails it there, saying what to do.
 
     Examples:
         .. code-block:: python
@@ -131,11 +132,17 @@ class SandboxEnvironment(_Environment):
 
             defs = Definitions(
                 assets=[...],
-                resources={"sandbox": SandboxEnvironment(max_concurrency=16, root="/scratch/sandboxes")},
+                resources={
+                    "sandbox": SandboxEnvironment(max_concurrency=16, root="/scratch/sandboxes"),  # this machine
+                    # on a cluster: SandboxEnvironment(backend="k8s", pod_image="registry.example.com/dagster-rl:0.1.0",
+                    #                                  pod_runtime_class_name="gvisor", max_concurrency=64)
+                },
             )
     """
 
-    backend: Literal["bubblewrap"] = Field("bubblewrap", description="bubblewrap: on this machine")
+    backend: Literal["bubblewrap", "k8s"] = Field(
+        "bubblewrap", description="bubblewrap: on this machine; k8s: a pod of the sandbox tier per episode"
+    )
     root: str = Field(
         "", description="bubblewrap: the folder of the episodes' workspaces; empty: <system temp>/dagster_rl_sandboxes"
     )
@@ -144,16 +151,52 @@ class SandboxEnvironment(_Environment):
     )
     uid: int = Field(65534, ge=1, le=2**31 - 2, description="bubblewrap: the user sandboxes run as when this process is root")
     timeout_s: float = Field(600.0, gt=0, le=bounds.MAX_DEADLINE_S, description="how long a call may wait for a free sandbox")
+    pod_image: str = Field("", description="k8s: the sandbox pods' image (one with a python3: the deployment's own)")
+    pod_namespace: str = Field("", description="k8s: their namespace; empty: this process's")
+    pod_runtime_class_name: str = Field("", description="k8s: gVisor or Kata where the cluster has one; empty: the default")
+    pod_service_account: str = Field(
+        "dagster-rl-sandbox", description="k8s: an account bound to no Role (deploy/k8s/sandbox.yaml)"
+    )
+    pod_pool_size: int = Field(2, ge=0, le=1024, description="k8s: pods started ahead, each for one episode, never reused")
+    pod_cpu_limit: str = Field("500m", description="k8s: a sandbox pod's CPU request and limit")
+    pod_memory_limit: str = Field("1Gi", description="k8s: a sandbox pod's memory request and limit")
+    _built: list = PrivateAttr(default_factory=list)
 
     def sandboxes(self) -> Sandboxes:
-        return BubblewrapSandboxes(
-            Path(self.root) if self.root else default_root(),
-            python=self.python,
-            uid=self.uid,
-            max_concurrency=self.max_concurrency,
-            max_retries=self.max_retries,
+        if self.backend == "bubblewrap":
+            return BubblewrapSandboxes(
+                Path(self.root) if self.root else default_root(),
+                python=self.python,
+                uid=self.uid,
+                max_concurrency=self.max_concurrency,
+                max_retries=self.max_retries,
+                slot_timeout_s=self.timeout_s,
+            )
+        from dagster_rl.sandbox.pod_manifest import PodSandboxSettings
+        from dagster_rl.sandbox.pods import PodSandboxes
+
+        if not self.pod_image:
+            raise ValueError("SandboxEnvironment(backend='k8s') needs pod_image: an image with a python3, the deployment's own")
+        settings = PodSandboxSettings(
+            namespace=self.pod_namespace,
+            image=self.pod_image,
+            runtime_class_name=self.pod_runtime_class_name,
+            service_account=self.pod_service_account,
+            pool_size=self.pod_pool_size,
+            cpu_request=self.pod_cpu_limit,
+            cpu_limit=self.pod_cpu_limit,
+            memory_request=self.pod_memory_limit,
+            memory_limit=self.pod_memory_limit,
             slot_timeout_s=self.timeout_s,
         )
+        pods = PodSandboxes(settings, max_concurrency=self.max_concurrency, max_retries=self.max_retries)
+        self._built.append(pods)
+        return pods
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        """The pods of the pool are deleted when the run's step ends."""
+        while self._built:
+            self._built.pop().close()
 
 
 class JudgeEnvironment(_Environment):

@@ -81,6 +81,17 @@ OUTSIDE_KEYS = {
     "environments.sandbox.uid": "the unprivileged user programs run as: a program sees its own folder, whoever owns it",
     "environments.sandbox.python": "the interpreter programs run on: what it is (its version) enters the rollouts' key of an "
     "environment that runs programs (`Sandboxes.identity`), not where it lies",
+    "environments.sandbox.pod_image": "where programs run on a cluster: what the image's interpreter is enters the "
+    "rollouts' key of an environment that runs programs (`Sandboxes.identity`)",
+    "environments.sandbox.pod_namespace": "where sandbox pods run",
+    "environments.sandbox.pod_runtime_class_name": "the kernel between a program and the node (gVisor, Kata): the same "
+    "program prints the same",
+    "environments.sandbox.pod_service_account": "an account bound to no Role: what a pod may call, not what it computes",
+    "environments.sandbox.pod_pool_size": "pods started ahead, each for one episode: when a pod starts, not what runs in it",
+    "environments.sandbox.pod_cpu_limit": "a pod's CPU rate: a program's CPU seconds (the experiment's limit) are the "
+    "same; the wall backstop is checked to fit it",
+    "environments.sandbox.pod_memory_limit": "a pod's memory: each process's address space is the experiment's limit, "
+    "checked to fit it",
     "environments.sandbox.backend": "where programs run (bubblewrap here, a pod on a cluster): the interpreter they run on "
     "enters the rollouts' key of an environment that runs programs (`Sandboxes.identity`)",
 }

@@ -174,9 +174,10 @@ def test_the_helm_values_deploy_the_code_location_the_launcher_and_postgres():
     assert values["postgresql"]["postgresqlScheme"] == "postgresql+psycopg2"
     env = {e["name"]: e["value"] for e in code["env"]}
     known = {deployment.ARTIFACTS, deployment.ROLLOUT_URL, deployment.K8S_IMAGE, deployment.K8S_SERVICE_ACCOUNT,
-             deployment.STORAGE_CLAIM, deployment.STORAGE_PATH, deployment.EXECUTOR, "DAGSTER_RL_EXPERIMENTS", "HF_HUB_OFFLINE"}  # fmt: skip
+             deployment.STORAGE_CLAIM, deployment.STORAGE_PATH, deployment.EXECUTOR, "DAGSTER_RL_EXPERIMENTS", "HF_HUB_OFFLINE",
+             deployment.SANDBOX_IMAGE}  # fmt: skip
     assert set(env) == known and env[deployment.EXECUTOR] == "k8s"
-    assert env[deployment.K8S_IMAGE] == f"{code['image']['repository']}:{code['image']['tag']}"
+    assert env[deployment.K8S_IMAGE] == env[deployment.SANDBOX_IMAGE] == f"{code['image']['repository']}:{code['image']['tag']}"
     storage = documents(REPO / "deploy" / "k8s" / "storage.yaml")[0]
     assert (
         code["volumes"][0]["persistentVolumeClaim"]["claimName"] == storage["metadata"]["name"] == env[deployment.STORAGE_CLAIM]

@@ -72,6 +72,11 @@ def tool_metrics(exp: Exp, trajectories: list[AgentTrajectory]) -> dict[str, flo
     return {"tool_call_share": mean([float(n > 0) for n in calls]), "tool_calls_per_trial": mean([float(n) for n in calls])}
 
 
+def environment_timings(times: dict[str, TrialTimes]) -> dict[str, float]:
+    """Of a step's generate_s: its trials' environments' answers, and their programs in the sandbox (sums over trials)."""
+    return {"environment_s": sum(t.environment_s for t in times.values()), "sandbox_s": sum(t.sandbox_s for t in times.values())}
+
+
 def tool_shares(evaluation: AgentEvaluation, **others: AgentEvaluation) -> dict[str, float]:
     """`tool_call_share` of an evaluation, and of the others as `<name>_tool_call_share` (environments that run programs)."""
     if evaluation.tool_call_share is None:
@@ -131,8 +136,7 @@ class AgentLoop(LMLoop):
 
     def program_inputs(self, exp: Exp) -> dict[str, str]:
         """What a key holds of the sandbox: the interpreter programs run on (environments that run programs)."""
-        sandboxes = self.sandboxes_for(exp)
-        return {"sandbox": sandboxes.identity()} if sandboxes is not None else {}
+        return {"sandbox": sandboxes.identity()} if (sandboxes := self.sandboxes_for(exp)) is not None else {}
 
     def iter_steps(self, exp, steps, start, store, backends, warn):
         """The language-model loop's, with the rollout backend's sandboxes for the evaluations too."""
@@ -269,10 +273,7 @@ class AgentLoop(LMLoop):
             recovered=recovered(rollouts, rewards),
             judge_seconds=judged.clock.judge_s,
             judge_hidden_seconds=judged.clock.hidden_s,
-            timings={  # of generate_s: the trials' environments' answers, and their programs in the sandbox (sums over trials)
-                "environment_s": sum(t.environment_s for t in times.values()),
-                "sandbox_s": sum(t.sandbox_s for t in times.values()),
-            },
+            timings=environment_timings(times),
         )
 
     def _rollouts_key(self, exp: Exp, step: int, behavior: Weights[Checkpoint]) -> str:
