@@ -8,7 +8,7 @@ traced back to step 0 (`dagster_rl.core.lineage`):
     weights   the task's files, with a `TrainedFrom` record: the weights and rewards it came from
 """
 
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -43,7 +43,7 @@ class Rewards(Record, Generic[R]):
     step: int
     rollouts_key: str
     rollouts_hash: str
-    rubric: dict[str, str | float]
+    rubric: dict[str, Any]  # the rubric's settings (a rubric of reward functions holds a list of them)
     rewards: list[R]  # sorted by trial id
     skipped: list[str]  # trials not generated, or whose judging failed after its retries
 
