@@ -150,3 +150,16 @@ def test_an_idle_worker_exits_and_a_call_after_it_starts_a_fresh_one(tmp_path):
     second = pool.call(0, {}, 10)
     pool.close()
     assert first != second and pool.started == 2
+
+
+def test_a_file_that_raises_as_it_is_imported_is_a_load_failure_naming_it(tmp_path):
+    (tmp_path / "broken.py").write_text("import no_such_module_here\n\ndef f():\n    return 1\n")
+    pool = FunctionWorkers([Callee("broken.py:f", str(tmp_path))], size=1)
+    with pytest.raises(FunctionFailed) as raised:
+        pool.call(0, {}, 10)
+    pool.close()
+    assert raised.value.how == "load"
+    assert (
+        "broken.py raised while it was imported: ModuleNotFoundError: No module named 'no_such_module_here'"
+        in raised.value.detail
+    )

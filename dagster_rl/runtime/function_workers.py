@@ -87,7 +87,12 @@ class _Worker:
             "parent": os.getpid(),
             "idle_timeout_s": idle_timeout_s,
         }
-        reply = self.exchange(hello, startup_timeout_s)
+        try:
+            reply = self.exchange(hello, startup_timeout_s)
+        except EOFError:
+            status = self.exit_status()
+            self.kill()
+            raise FunctionFailed("load", f"a worker process {status} as it started (its stderr is the driver's)") from None
         if reply is None:
             self.kill()
             raise FunctionFailed("load", f"a worker process did not start within {startup_timeout_s:g} s")
@@ -119,8 +124,7 @@ class _Worker:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if not ready:
+            if not _readable(fd, remaining):
                 return None
             chunk = os.read(fd, 1 << 16)
             if not chunk:
@@ -128,7 +132,10 @@ class _Worker:
             self._buffer += chunk
 
     def exit_status(self) -> str:
-        code = self.proc.wait(timeout=10)
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            return "closed its pipe and did not exit"
         if code < 0:
             return f"was killed by signal {signal.Signals(-code).name}"
         return f"exited with status {code}"
@@ -321,10 +328,8 @@ def main() -> None:
     writer = os.fdopen(proto_out, "wb", buffering=0)
 
     def receive(timeout: float | None) -> dict | None:
-        if timeout is not None:
-            ready, _, _ = select.select([reader], [], [], timeout)
-            if not ready:
-                return None
+        if timeout is not None and not _readable(proto_in, timeout):
+            return None
         header = _read_exactly(reader, HEADER.size)
         (n,) = HEADER.unpack(header)
         if n > MAX_MESSAGE:
@@ -359,6 +364,14 @@ def main() -> None:
         send({"ok": result})
 
 
+def _readable(fd: int, timeout_s: float) -> bool:
+    """Whether `fd` has data (or its end closed) within `timeout_s`: poll(2), which, unlike select(2),
+    takes a descriptor above 1023 (a driver process holds many)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0, math.ceil(timeout_s * 1000))))
+
+
 def _read_exactly(stream, n: int) -> bytes:
     data = b""
     while len(data) < n:
@@ -367,11 +380,6 @@ def _read_exactly(stream, n: int) -> bytes:
             raise SystemExit(0)  # the caller closed its end
         data += chunk
     return data
-
-
-def finite(value: Any) -> bool:
-    """Whether a result's number is finite (JSON brought NaN and infinities back as floats)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 if __name__ == "__main__":

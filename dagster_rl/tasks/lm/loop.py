@@ -58,12 +58,14 @@ def adapter_finite(checkpoint: Checkpoint) -> CheckOutcome:
     return weights_finite(len(bad), message)
 
 
-def function_means(rewards: list[LMReward]) -> dict[str, float]:
+def function_means(rewards: list) -> dict[str, float]:
     """`reward_<name>`: the mean of each reward function's values (as it returned them, unweighted) over
-    the step's trials it had an opinion on, as TRL logs `rewards/<name>/mean`; none where it had none."""
+    the step's trials it had an opinion on, as TRL logs `rewards/<name>/mean`; none where it had none
+    (nor for a task whose rewards have no functions: the agent's, which trains through this loop)."""
+    by_trial = [getattr(r, "functions", {}) for r in rewards]
     means = {}
-    for name in dict.fromkeys(name for r in rewards for name in r.functions):
-        values = [v for r in rewards if (v := r.functions.get(name)) is not None]
+    for name in dict.fromkeys(name for functions in by_trial for name in functions):
+        values = [v for functions in by_trial if (v := functions.get(name)) is not None]
         if values:
             means[f"reward_{name}"] = mean(values)
     return means

@@ -1,9 +1,9 @@
 """reasoning-gym's procedural tasks as a prompt source: `task.source: {kind: reasoning_gym, dataset:
 <name>, config: {...}, size: N, n_eval: M}`.
 
-The questions are drawn from `reasoning_gym.create_dataset(dataset, seed=<the experiment's seed>,
-**config)` in its order: the first `n_eval` distinct questions are held out, the next `size`
-distinct ones are the training split (no question in both). An answer is scored by the dataset's
+The questions are drawn from `reasoning_gym.create_dataset(dataset, seed=..., **config)` in its
+order, its seed derived from the experiment's (`draw_seed`): the first `n_eval` distinct questions
+are held out, the next `size` distinct ones are the training split (no question in both). An answer is scored by the dataset's
 own `score_answer(answer, entry)` (in [0, 1]; some datasets give partial credit), in a worker
 process with a deadline (`verifiers`), on the answer `extract` takes from the completion:
 reasoning-gym's `<answer>...</answer>` convention, the last number, or the whole completion.
@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from dagster_rl.core.bounds import MAX_HELDOUT_PROMPTS
-from dagster_rl.core.hashing import sha256_hex
+from dagster_rl.core.hashing import seed_of, sha256_hex
 from dagster_rl.core.strict import Strict
 from dagster_rl.tasks.lm.data.prompts import N_EVAL, TEMPLATE, PromptError, PromptItem, extract_answer
 
@@ -70,7 +70,7 @@ class ReasoningGymPrompts(Strict):
         """(train, held-out): distinct questions drawn from the experiment's seed; none in both."""
         wanted = self.n_eval + self.size
         limit = DRAWS_PER_QUESTION * wanted
-        data = create(self.dataset, self.config, seed=seed, size=limit)
+        data = create(self.dataset, self.config, seed=draw_seed(seed), size=limit)
         items: dict[str, PromptItem] = {}
         for index in range(limit):
             entry = data[index]
@@ -105,6 +105,13 @@ class ReasoningGymPrompts(Strict):
         if self.extract == "last_number":
             return extract_answer(completion)
         return completion.strip()
+
+
+def draw_seed(seed: int) -> int:
+    """reasoning-gym's seed for an experiment seed: a hash of it. reasoning-gym makes entry i from
+    `Random(seed + i)`, so seeds s and s + 1 would draw one sequence shifted by one (the same held-out
+    questions but one); hashed, nearby experiment seeds draw unrelated questions."""
+    return seed_of(seed, "reasoning_gym")
 
 
 def create(dataset: str, config: dict[str, Any], seed: int, size: int):
