@@ -246,3 +246,16 @@ def test_the_number_rule_reads_a_data_files_answer_as_a_number(tmp_path):
     item = next(it for it in ps.train + ps.eval if it.question == "How many?")
     assert scorer_of(exp).score("t", item, item.reference, "That makes 7.", [1]).correct
     assert not scorer_of(exp).score("t", item, item.reference, "That makes 8.", [1]).correct
+
+
+def test_the_shipped_reasoning_gym_experiment_draws_and_scores_its_questions():
+    """experiments/smollm2_reasoning_gym.yaml (its learning is measured in docs/bring-your-own-task.md):
+    its 80 training and 100 held-out questions, each scored 1 for its own answer by the worker."""
+    from tests import REPO
+
+    exp = load_experiments(REPO / "experiments")["smollm2_reasoning_gym"]
+    ps = load_prompt_set(exp.task.source, exp.seed)
+    assert (len(ps.train), len(ps.eval)) == (80, 100)
+    scorer = scorer_of(exp)
+    item = ps.eval[0]
+    assert scorer.score("t", item, item.reference, f"{item.question} = {item.reference}", [1]).reward == 1.5
