@@ -45,7 +45,7 @@ def step_checks(exp: Experiment, finite: CheckOutcome, rewards: list, planned: i
     """The checks of every step; `finite` is the task's own check that its weights are finite."""
     return [
         finite,
-        rewards_in_bounds(rewards, 0.0, exp.max_reward),
+        rewards_in_bounds(rewards, exp.min_reward, exp.max_reward),
         enough_usable_trials(len(rewards), planned, exp.checks.min_usable_fraction),
     ]
 

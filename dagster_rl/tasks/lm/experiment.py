@@ -1,15 +1,26 @@
 """The language-model experiment: GRPO over a LoRA adapter on prompts with verifiable answers."""
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from dagster_rl.core import bounds
 from dagster_rl.core.experiment import Checks, Experiment
 from dagster_rl.core.strict import Strict
 from dagster_rl.runtime.pods import PodResources
-from dagster_rl.tasks.lm.data.prompts import PromptSource, SyntheticPrompts
-from dagster_rl.tasks.lm.settings import GRPOLMSettings, LMRubric, PolicySettings, SamplingSettings, WarmupSettings
+from dagster_rl.tasks.lm.data.gym import ReasoningGymPrompts
+from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts
+from dagster_rl.tasks.lm.data.sources import PromptSource
+from dagster_rl.tasks.lm.settings import (
+    FunctionsRubric,
+    GRPOLMSettings,
+    LMRubric,
+    PolicySettings,
+    Rubric,
+    RubricTerms,
+    SamplingSettings,
+    WarmupSettings,
+)
 
 
 class VerifiablePromptsTask(Strict):
@@ -135,7 +146,11 @@ class LMExperiment(Experiment):
     task: VerifiablePromptsTask = Field(description="the prompts, their held-out split and the evaluation's length")
     policy: PolicySettings = Field(description="the base model and the LoRA adapter that is trained")
     sampling: SamplingSettings = Field(SamplingSettings(), description="how rollouts are sampled")
-    rubric: LMRubric = Field(LMRubric(), description="the reward: accuracy, and the answer's form")
+    rubric: Rubric = Field(
+        LMRubric(),
+        description="the reward: accuracy, the answer's form and (`kind: functions`) reward functions of your own; "
+        "`kind` left out: the built-in rubric",
+    )
     grpo: GRPOLMSettings = Field(GRPOLMSettings(), description="the GRPO update: clipped ratio, KL, AdamW")
     rollout: LMRolloutSettings = Field(
         LMRolloutSettings(), description="where rollouts are generated; the engine is in the rollouts' cache key"
@@ -153,6 +168,22 @@ class LMExperiment(Experiment):
     )
 
     NOT_TRAINING = Experiment.NOT_TRAINING | {"generation_threads", "trainer", "rollout"}
+    _scorer: Any = PrivateAttr(None)  # a step's scorer, made once (`rewards.pinned`): the key it names is what it scores
+
+    @model_validator(mode="after")
+    def _one_answer_check(self) -> "LMExperiment":
+        source, rubric = getattr(self.task, "source", None), self.rubric  # (the agent's experiment has neither)
+        if isinstance(source, ReasoningGymPrompts) and isinstance(rubric, RubricTerms) and rubric.answer_rule != "number":
+            raise ValueError(
+                f"rubric.answer_rule: {rubric.answer_rule} with a reasoning_gym source: its answers are scored by the "
+                "dataset's own score_answer; leave answer_rule out"
+            )
+        return self
+
+    @property
+    def min_reward(self) -> float:
+        """A rubric of reward functions has no bottom but finite numbers; the built-in one's is 0."""
+        return self.rubric.min_reward if isinstance(self.rubric, FunctionsRubric) else 0.0
 
     @model_validator(mode="after")
     def _reference_exists(self) -> "LMExperiment":

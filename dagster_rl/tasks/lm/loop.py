@@ -58,6 +58,19 @@ def adapter_finite(checkpoint: Checkpoint) -> CheckOutcome:
     return weights_finite(len(bad), message)
 
 
+def function_means(rewards: list) -> dict[str, float]:
+    """`reward_<name>`: the mean of each reward function's values (as it returned them, unweighted) over
+    the step's trials it had an opinion on, as TRL logs `rewards/<name>/mean`; none where it had none
+    (nor for a task whose rewards have no functions: the agent's, which trains through this loop)."""
+    by_trial = [getattr(r, "functions", {}) for r in rewards]
+    means = {}
+    for name in dict.fromkeys(name for functions in by_trial for name in functions):
+        values = [v for functions in by_trial if (v := functions.get(name)) is not None]
+        if values:
+            means[f"reward_{name}"] = mean(values)
+    return means
+
+
 def _passed(result: StepResult, check: str) -> bool:
     return all(c.passed for c in result.checks if c.name == check)
 
@@ -85,7 +98,7 @@ class LMLoop:
 
     def prompt_set(self, exp: Exp) -> PromptSet:
         """What a step's prompts and the held-out ones are drawn from."""
-        return load_prompt_set(exp.task.source)
+        return load_prompt_set(exp.task.source, exp.seed)
 
     def generate(
         self,
@@ -256,6 +269,7 @@ class LMLoop:
                 },
                 "policy_lag": float(previous.version - behavior_version),
                 "mean_completion_tokens": mean([float(tokens[r.trial_id]) for r in rewards]),
+                **function_means(rewards),
             },
             timings={
                 "generate_s": gen.seconds,
