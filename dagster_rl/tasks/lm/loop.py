@@ -230,6 +230,8 @@ class LMLoop:
             raise ValueError(f"step {step_key(step)}: grpo.mismatch needs the weights that sampled its rollouts")
 
         def train() -> dict[str, bytes]:
+            if exp.faults.step_delay_s:  # fault injection: a step slow enough to be killed in the middle
+                time.sleep(exp.faults.step_delay_s)
             files, metrics = backends.trainer.train(
                 exp,
                 previous.payload,
