@@ -37,6 +37,13 @@ class Faults(Strict):
     step_delay_s: float = Field(
         0.0, ge=0.0, le=600.0, description="sleep before each step's update (computed steps only): a slow step to kill"
     )
+    generation_delay_s: float = Field(
+        0.0,
+        ge=0.0,
+        le=600.0,
+        description="language models: sleep before a step's trials generate (only when some are to be generated): "
+        "rollouts in flight long enough to be killed half-done",
+    )
 
 
 class Checks(Strict):

@@ -160,8 +160,13 @@ class LMExperiment(Experiment):
         LMTrainerSettings(), description="where the update runs; only its world size is in a cache key"
     )
     warmup: WarmupSettings | None = Field(None, description="supervised warm-up of the adapter before step 0 (`<exp>/sft`)")
-    max_policy_lag: Literal[0, 1] = Field(
-        0, description="1: generate step k+1 with the weights of step k-1 while step k trains (the clipped ratio corrects)"
+    max_policy_lag: int = Field(
+        0,
+        ge=0,
+        le=bounds.MAX_POLICY_LAG,
+        description="k: step n is sampled by the weights of step n-1-k (the initial ones for n <= k), so the sampler runs "
+        "up to k steps ahead of the trainer; 0: on-policy. The loss corrects with the clipped ratio, and with "
+        "`grpo.decoupled` and `grpo.mismatch` when set (docs/async-rl.md)",
     )
     generation_threads: int = Field(
         1, ge=1, le=bounds.MAX_THREADS, description="torch threads of generation in the driver process"
@@ -196,13 +201,15 @@ class LMExperiment(Experiment):
     @model_validator(mode="after")
     def _tokens_fit_the_driver(self) -> "LMExperiment":
         """Sizes multiply: the tokens a step samples, and an evaluation's, live whole in the driver."""
-        sampled = self.n_trials_planned * self.sampling.max_new_tokens
+        held = self.max_policy_lag + 1  # the step that trains, and the steps generated ahead of it
+        sampled = self.n_trials_planned * self.sampling.max_new_tokens * held
         if sampled > bounds.MAX_TOKENS_PER_STEP:
             raise ValueError(
-                f"prompts_per_step x n_samples x sampling.max_new_tokens = {self.prompts_per_step} x {self.n_samples} x "
-                f"{self.sampling.max_new_tokens} = {sampled} tokens a step may sample, more than {bounds.MAX_TOKENS_PER_STEP} "
-                f"(a step's rollouts are held whole by the driver, ~{bounds.BYTES_PER_SAMPLED_TOKEN} bytes a token; see "
-                "dagster_rl.core.bounds): fewer trials or fewer tokens"
+                f"prompts_per_step x n_samples x sampling.max_new_tokens x (max_policy_lag + 1) = {self.prompts_per_step} x "
+                f"{self.n_samples} x {self.sampling.max_new_tokens} x {held} = {sampled} tokens the driver may hold, more "
+                f"than {bounds.MAX_TOKENS_PER_STEP} (a step's rollouts are held whole by the driver, "
+                f"~{bounds.BYTES_PER_SAMPLED_TOKEN} bytes a token, and at a lag the steps generated ahead too; see "
+                "dagster_rl.core.bounds): fewer trials, fewer tokens or a smaller lag"
             )
         evaluated = self.task.source.n_eval * self.eval_max_new_tokens
         if evaluated > bounds.MAX_TOKENS_PER_STEP:

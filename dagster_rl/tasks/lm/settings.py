@@ -61,6 +61,49 @@ class SamplingSettings(Strict):
     max_new_tokens: int = Field(16, ge=1, le=bounds.MAX_NEW_TOKENS, description="most tokens a completion samples")
 
 
+class DecoupledObjective(Strict):
+    """AReaL's decoupled PPO objective (`use_decoupled_loss`): the ratio is clipped around the proximal
+    policy, the weights this step trains from (the previous step's), whose log-probs the trainer
+    computes in its own forward, and each token's term is weighted by the behavior-to-proximal
+    importance weight exp(proximal - behavior), masked (0) where it exceeds `cap` (AReaL's
+    `behav_imp_weight_cap`, its default mode `token_mask`). The behavior log-probs are the
+    trainer's recomputation when `mismatch` is set, else the sampler's. With one optimizer step per
+    batch (this trainer) the ratio is 1 in value, so the clip never binds: the update is the
+    weighted policy gradient (docs/async-rl.md)."""
+
+    cap: float = Field(
+        5.0,
+        gt=1.0,
+        le=bounds.MAX_IMPORTANCE_CAP,
+        description="tokens whose behavior-to-proximal weight exp(proximal - behavior) exceeds it are masked (AReaL's "
+        "behav_imp_weight_cap)",
+    )
+
+
+class MismatchCorrection(Strict):
+    """The sampler-trainer mismatch correction: the importance weight exp(behavior - sampler) of each
+    token (`token`) or of each completion, the product over its tokens (`sequence`), between the
+    trainer's log-probs of the behavior weights and the log-probs the sampler recorded, truncated at
+    `cap` (`truncate`: TIS) or set to 0 above it (`mask`: MIS), multiplies each token's policy term.
+    At lag 0 the behavior weights are the trained ones, so the trainer's own log-probs are the
+    behavior's; at a lag the trainer recomputes them with the behavior weights (one more forward).
+    TRL's `vllm_importance_sampling_mode` (token/sequence x truncate/mask) and cap, verl's
+    `rollout_correction`, SkyRL's `off_policy_correction`, slime's `--use-tis --tis-clip`."""
+
+    level: Literal["token", "sequence"] = Field(
+        "token", description="one weight per token, or one per completion (the product of its tokens' weights)"
+    )
+    action: Literal["truncate", "mask"] = Field(
+        "truncate", description="truncate: a weight above the cap counts as the cap (TIS); mask: as 0 (MIS)"
+    )
+    cap: float = Field(
+        2.0,
+        gt=1.0,
+        le=bounds.MAX_IMPORTANCE_CAP,
+        description="the importance weight's cap (slime --tis-clip 2, SkyRL token 2 and sequence 5, TRL 3)",
+    )
+
+
 class GRPOLMSettings(Strict):
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="the importance ratio is clipped to [1 - clip_eps, 1 + clip_eps]")
     kl_beta: float = Field(
@@ -90,6 +133,21 @@ class GRPOLMSettings(Strict):
         description="recompute each layer's activations in the backward (TRL's default): a micro-batch keeps the "
         "inputs of its layers instead of all their activations, for about a third more compute",
     )
+    decoupled: DecoupledObjective | None = Field(
+        None,
+        description="AReaL's decoupled objective: clip around the weights this step trains from, weight each token by "
+        "the behavior-to-proximal importance weight, masked above its cap; None: the ratio's old policy is the behavior's",
+    )
+    mismatch: MismatchCorrection | None = Field(
+        None,
+        description="truncate (TIS) or mask (MIS) the sampler-trainer importance weight, per token or per completion, "
+        "at every lag; None: no such weight",
+    )
+
+    def cache_inputs(self) -> dict:
+        """What a key holds of these settings: every field, the corrections only when set (a run
+        without them keeps the keys it had before they existed)."""
+        return self.model_dump(mode="json", exclude_none=True)
 
 
 ANSWER_RULE = (

@@ -57,6 +57,8 @@ def generate_step(
 
     def run(pending: list[str]) -> list[LMRollout | TrialFailed]:
         progress.generated(step, len(requests) - len(pending))
+        if exp.faults.generation_delay_s:  # fault injection: a generation slow enough to be killed half-done
+            time.sleep(exp.faults.generation_delay_s)
         outcomes = judge_as_they_land(
             exp,
             backends.judge,
