@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dagster import AssetExecutionContext, ConfigurableResource, InitResourceContext
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, model_validator
 
 from dagster_rl.core import bounds
 from dagster_rl.core.experiment import Experiment
@@ -162,22 +162,19 @@ class SandboxEnvironment(_Environment):
     pod_memory_limit: str = Field("1Gi", description="k8s: a sandbox pod's memory request and limit")
     _built: list = PrivateAttr(default_factory=list)
 
-    def sandboxes(self) -> Sandboxes:
-        if self.backend == "bubblewrap":
-            return BubblewrapSandboxes(
-                Path(self.root) if self.root else default_root(),
-                python=self.python,
-                uid=self.uid,
-                max_concurrency=self.max_concurrency,
-                max_retries=self.max_retries,
-                slot_timeout_s=self.timeout_s,
-            )
+    @model_validator(mode="after")
+    def _pods_are_valid(self) -> "SandboxEnvironment":
+        """A k8s placement's pod settings are checked where the resource is configured, not at its first call."""
+        if self.backend == "k8s":
+            self._pod_settings()
+        return self
+
+    def _pod_settings(self):
         from dagster_rl.sandbox.pod_manifest import PodSandboxSettings
-        from dagster_rl.sandbox.pods import PodSandboxes
 
         if not self.pod_image:
             raise ValueError("SandboxEnvironment(backend='k8s') needs pod_image: an image with a python3, the deployment's own")
-        settings = PodSandboxSettings(
+        return PodSandboxSettings(
             namespace=self.pod_namespace,
             image=self.pod_image,
             runtime_class_name=self.pod_runtime_class_name,
@@ -189,7 +186,20 @@ class SandboxEnvironment(_Environment):
             memory_limit=self.pod_memory_limit,
             slot_timeout_s=self.timeout_s,
         )
-        pods = PodSandboxes(settings, max_concurrency=self.max_concurrency, max_retries=self.max_retries)
+
+    def sandboxes(self) -> Sandboxes:
+        if self.backend == "bubblewrap":
+            return BubblewrapSandboxes(
+                Path(self.root) if self.root else default_root(),
+                python=self.python,
+                uid=self.uid,
+                max_concurrency=self.max_concurrency,
+                max_retries=self.max_retries,
+                slot_timeout_s=self.timeout_s,
+            )
+        from dagster_rl.sandbox.pods import PodSandboxes
+
+        pods = PodSandboxes(self._pod_settings(), max_concurrency=self.max_concurrency, max_retries=self.max_retries)
         self._built.append(pods)
         return pods
 

@@ -253,6 +253,8 @@ class Walk:
         else:
             others = models
         for other in others:
+            if f"{name}={other.__name__}" in self.skip:
+                continue
             for fresh in [*self.overrides.get(name, []), *_fresh(other)]:
                 if isinstance(fresh, dict) and _kind_of(models, fresh) is other:
                     made = list(self._changed_to(name, path, plan, fresh, other))

@@ -28,6 +28,7 @@ from dagster_rl.core.hashing import cache_key, seed_of
 from dagster_rl.core.records import Rollouts, TrialFailed
 from dagster_rl.core.retries import Limits
 from dagster_rl.core.task import Endpoint, RolloutEnv, Weights, task_of
+from dagster_rl.sandbox.folders import OWNER
 from dagster_rl.store.artifact_store import ArtifactRef, ArtifactStore
 from dagster_rl.tasks.agent.chat import ChatTurns
 from dagster_rl.tasks.agent.environment import EnvironmentSpec, Outcome, register_environment
@@ -124,7 +125,7 @@ def play(exp: AgentExperiment, base_url: str, tmp_path: Path, outcomes_only: boo
     backend.server.client.complete = recorded
     done: list[str] = []
     outcomes = backend.generate(exp, plan_episodes(exp, 0), weights, lambda t: done.append(t.trial_id))
-    assert not any((tmp_path / "scratch").rglob("*-*"))  # every sandbox removed
+    assert not [p for p in (tmp_path / "scratch").rglob("*") if not OWNER.match(p.name)]  # every trial folder removed
     if outcomes_only:
         return outcomes, done, replies, weights
     assert all(isinstance(o, AgentTrajectory) for o in outcomes), outcomes

@@ -92,8 +92,6 @@ OUTSIDE_KEYS = {
     "same; the wall backstop is checked to fit it",
     "environments.sandbox.pod_memory_limit": "a pod's memory: each process's address space is the experiment's limit, "
     "checked to fit it",
-    "environments.sandbox.backend": "where programs run (bubblewrap here, a pod on a cluster): the interpreter they run on "
-    "enters the rollouts' key of an environment that runs programs (`Sandboxes.identity`)",
     "rubric.functions.0.timeout_s": "a reward function's time limit: a call past it fails its trial, never stored",
 }
 # The settings whose change may change float bytes within rounding (`dagster_rl.core.differences`): the
@@ -112,6 +110,13 @@ SKIP = {
     "trainer.backend=k8s": "needs a cluster: test_k8s_trainer.py runs it on a fake one",
     "trainer.nodes": "more than one needs backend k8s (a cluster); it enters the weights' key as world_size",
     "policy.device=cuda": "no GPU in CI: test_lm_cuda.py",
+    "environments.sandbox.backend=k8s": "needs a cluster (and an image): where programs run, not what they print; the "
+    "interpreter they run on enters the rollouts' key of an environment that runs programs (`Sandboxes.identity`), and "
+    "test_k8s_sandbox.py runs the pods' protocol on a fake cluster",
+    "task.environment=TextArenaSettings": "a game's moves do not fit the base's 3-token turns: a game is walked from its "
+    "own base (test_every_key_of_a_text_game_names_every_setting)",
+    "task.environment.num_disks": "TowerOfHanoi's, refused beside the base's GuessTheNumber options: the game's options "
+    "enter the key as its other options do (max_number, min_number: walked)",
     "rollout.backend=openai_server": "needs a rollout server: its engine and request version are in the rollouts' key "
     "(LMRolloutSettings.cache_inputs); test_lm_openai_server.py computes it",
 }
@@ -180,6 +185,19 @@ BASES["text_agent"] = {
 }
 
 
+# A text game's base: GuessTheNumber within 4 turns of up to 6 tokens (a move `[n]` and its end).
+GAME_BASE = {
+    **BASES["text_agent"],
+    "task": {
+        "kind": "text_agent",
+        "environment": {"name": "textarena", "game": "GuessTheNumber-v0", "prompt": "brief", "max_number": 4},
+        "episode": {"max_turns": 4, "max_turn_tokens": 6},
+        "n_eval": 2,
+    },
+    "warmup": {**BASES["text_agent"]["warmup"], "max_turns": 4},
+}
+
+
 class _CopySettings(SecretSearchTextSettings):
     name: Literal["secret_search_copy"] = "secret_search_copy"  # type: ignore[assignment]
 
@@ -237,8 +255,13 @@ def _overrides(folder: Path, judge_url: str, kind: str) -> dict[str, list]:
         "rubric": [FUNCTIONS_RUBRIC],
         "rubric.functions": [[*FUNCTIONS_RUBRIC["functions"], {"function": "tests.reward_fixtures:mentions_answer"}]],
         "rubric.functions.0.function": ["tests.reward_fixtures:echo_columns"],
-        "task.environment": [{"name": "secret_search_copy"}],  # another environment (registered above)
+        "task.environment": [
+            {"name": "secret_search_copy"},  # another environment (registered above)
+        ],
         "task.environment.name": ["secret_search"],
+        "task.environment.game": ["GuessTheNumber-v0-hardcore"],  # textarena: another verified game of the family
+        "task.environment.max_number": [5],  # a game the warm-up's demonstrations win within 4 turns
+        "task.environment.min_number": [2],
         "plugins": [["dagster_rl.tasks.agent.text_world"]],  # a module that registers a text environment
     }
 
@@ -335,14 +358,19 @@ class Computations:
 
 
 def audit(
-    kind: str, folder: Path, judge_url: str, only: set[str] | None = None, outside: dict[str, str] = OUTSIDE_KEYS
+    kind: str,
+    folder: Path,
+    judge_url: str,
+    only: set[str] | None = None,
+    outside: dict[str, str] = OUTSIDE_KEYS,
+    base: dict | None = None,
 ) -> tuple[list[str], int]:
-    """Every finding of every setting of the task's base experiment (only the settings in `only`,
-    when given), and how many settings were changed. Each setting that should enter a key is
+    """Every finding of every setting of the task's base experiment (`base`, else BASES[kind]; only
+    the settings in `only`, when given), and how many settings were changed. Each setting that should enter a key is
     changed and computed alone; those of OUTSIDE_KEYS all at once, and split in halves only when
     something of them shows (a change of none of them may show)."""
     walk = Walk(_valid, _overrides(folder, judge_url, kind), SKIP)
-    base = Plan(BASES[kind], _environments(judge_url))
+    base = Plan(base or BASES[kind], _environments(judge_url))
     computed = Computations(folder)
     every = [c for c in changes(base, _resources(), set(NOT_SETTINGS), walk) if only is None or c.setting in only]
     together = [c for c in every if _listed(c.setting, outside) and not _listed(c.setting, ROUNDING)]
@@ -385,6 +413,14 @@ def test_every_key_names_every_setting_that_changes_its_bytes(kind, tmp_path, ju
     assert n > 20, f"only {n} settings of {kind} were changed"
     assert not problems, f"{len(problems)} problem(s) of the cache keys of {kind}:\n" + "\n".join(problems)
     print(f"{kind}: {n} settings changed and computed in {time.monotonic() - start:.1f} s")
+
+
+def test_every_key_of_a_text_game_names_every_setting(tmp_path, judge):
+    start = time.monotonic()
+    problems, n = audit("text_agent", tmp_path, judge.base_url, base=GAME_BASE)
+    assert n > 20, f"only {n} settings of a text game were changed"
+    assert not problems, f"{len(problems)} problem(s) of the cache keys of a text game:\n" + "\n".join(problems)
+    print(f"a text game: {n} settings changed and computed in {time.monotonic() - start:.1f} s")
 
 
 def test_every_task_kind_has_a_base_experiment():

@@ -5,7 +5,7 @@ every relative link leads somewhere.
 Markers (docs/internals.md, "The docs' commands"): a fenced block whose info string is `bash
 runnable` must run when pasted at the repository root; an HTML comment `<!-- doc-test: ... -->` on
 the line before one makes this test run it (`exit=N`, default 0; `expect="text"`, a line of its
-output must contain the text), in order, per document, each block in a fresh `bash`, in a temporary
+output must contain the text; `timeout=S`, default 120 s), in order, per document, each block in a fresh `bash`, in a temporary
 copy of the repository whose `.dagster_home` is what `make demo` sets up before it trains.
 """
 
@@ -161,7 +161,7 @@ def test_marked_blocks_run(doc: Path, tmp_path: Path):
             env=_fresh_env(root),
             capture_output=True,
             text=True,
-            timeout=BLOCK_TIMEOUT_S,
+            timeout=float(block.test.get("timeout", BLOCK_TIMEOUT_S)),  # a marker's timeout=S: a longer block
         )
         took.append(f"{block.where} {time.monotonic() - started:.1f} s")
         output = result.stdout + result.stderr

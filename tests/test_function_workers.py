@@ -160,6 +160,6 @@ def test_a_file_that_raises_as_it_is_imported_is_a_load_failure_naming_it(tmp_pa
     pool.close()
     assert raised.value.how == "load"
     assert (
-        "broken.py raised while it was imported: ModuleNotFoundError: No module named 'no_such_module_here'"
+        "broken.py raised while it was imported (line 1): ModuleNotFoundError: No module named 'no_such_module_here'"
         in raised.value.detail
     )
