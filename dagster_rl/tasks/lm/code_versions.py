@@ -10,6 +10,8 @@ CODE_VERSIONS = {
     # 2: packed micro-batches; 3: the trainer reports logp_max_dev (on_policy); 4: keyed by the keys of the weights and
     # rewards it trains from, and on-policy (the rollouts sampled by the weights it trains) the ratio's old log-probs are
     # the trainer's own
-    "weights": "grpo-lora-4",
+    # 5: no reference forward at kl_beta 0 (the record's `kl` absent there), the padded-token share (`pad_share`) in the
+    # record, micro-batches bucketed by length with the least padding (other cuts: other float rounding)
+    "weights": "grpo-lora-5",
     "evaluation": "greedy-eval-2",  # 2: keyed by the held-out prompts' content and template; stores each answer
 }

@@ -193,7 +193,7 @@ class LMLoop:
             stats = LMTrainStats(
                 **trained_from(exp, step, previous, gen.rewards_ref),
                 version=metrics.version,
-                metrics={k: float(v) for k, v in metrics.model_dump().items()},
+                metrics={k: float(v) for k, v in metrics.model_dump().items() if v is not None},  # kl: absent at kl_beta 0
             )
             return {**files, STATS: canonical_json(stats)}
 
@@ -252,7 +252,9 @@ class LMLoop:
                         "grad_norm",
                         "samples_used",
                         "groups_with_signal",
+                        "pad_share",
                     )  # fmt: skip
+                    if k in stats.metrics  # kl: not computed at kl_beta 0
                 },
                 "policy_lag": float(previous.version - behavior_version),
                 "mean_completion_tokens": mean([float(tokens[r.trial_id]) for r in rewards]),
