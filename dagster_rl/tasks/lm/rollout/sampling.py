@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from dagster_rl.tasks.lm.model.logprobs import token_logprobs
+from dagster_rl.tasks.lm.rollout.kv_cache import CACHE_ARG, BatchKV, cache_of, carryable
 from dagster_rl.tasks.lm.settings import SamplingSettings
 
 
@@ -65,13 +66,6 @@ def uniforms(seed: int, n: int) -> torch.Tensor:
     return torch.rand(n, generator=torch.Generator().manual_seed(seed % 2**63), dtype=torch.float64)
 
 
-def _cache_kwarg(out) -> dict:
-    """transformers >= 5.2x names the KV cache `cache`; earlier 5.x `past_key_values`."""
-    if "cache" in out:
-        return {"cache": out["cache"]}
-    return {"past_key_values": out["past_key_values"]}
-
-
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
@@ -84,32 +78,62 @@ def generate(
 ) -> list[Generation]:
     """Sample a completion for every prompt (left-padded batch, KV cache), row i seeded by seeds[i];
     a row ends at `eos_id` (included; -1: never) or after max_new_tokens."""
+    return generate_cached(model, prompts, seeds, sampling, eos_id, pad_id, top_logprobs)[0]
+
+
+@torch.no_grad()
+def generate_cached(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    seeds: list[int],
+    sampling: SamplingSettings,
+    eos_id: int,
+    pad_id: int,
+    top_logprobs: int = 0,
+    past: BatchKV | None = None,
+) -> tuple[list[Generation], BatchKV | None]:
+    """`generate`, continuing `past` (`kv_cache`): row i's cached tokens must begin its prompt, and
+    only the rest of the prompt is a forward. Returns the generations and the batch's KV cache for a
+    next call (its rows: each prompt and the completion tokens fed to the model, all but a last one
+    that ended the loop), or None where the cache cannot carry over (`kv_cache.carryable`)."""
     if len(prompts) != len(seeds):
         raise ValueError(f"{len(prompts)} prompts for {len(seeds)} seeds")
     if not prompts:
-        return []
+        return [], None
     if any(not p for p in prompts):
         raise ValueError("every prompt needs at least one token")
     device = next(model.parameters()).device
     rows, steps, temperature = len(prompts), sampling.max_new_tokens, sampling.temperature
+    cached: list[list[int]] = [[] for _ in prompts] if past is None else past.tokens
+    if past is not None and (
+        past.rows != rows or any(len(c) >= len(p) or list(p[: len(c)]) != c for c, p in zip(cached, prompts, strict=True))
+    ):
+        raise ValueError("a past's rows must each begin their prompt, and leave at least one of its tokens to compute")
     # row i's t-th uniform is draws[i, t]: torch.rand(n) of a CPU generator is its next n uniforms
     draws = None if temperature == 0 else torch.stack([uniforms(s, steps) for s in seeds]).to(device)
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    new = [list(p[len(c) :]) for p, c in zip(prompts, cached, strict=True)]
+    width = max(len(n) for n in new)
+    ids = torch.tensor([[pad_id] * (width - len(n)) + n for n in new], device=device)
+    mask = torch.tensor([[0] * (width - len(n)) + [1] * len(n) for n in new], device=device)
+    start = torch.tensor([len(c) for c in cached], device=device)
+    positions = (start[:, None] + mask.cumsum(-1) - 1).clamp(min=0)
+    if past is not None:
+        mask = torch.cat([past.real.to(device=device, dtype=mask.dtype), mask], dim=1)
+    real = mask  # the columns that hold a row's tokens: the attention mask, less what finished rows are fed
     tokens = torch.full((rows, steps), pad_id, dtype=torch.long, device=device)
     logps = torch.zeros((rows, steps), dtype=torch.float32, device=device)
     top_ids = torch.zeros((rows, steps, top_logprobs), dtype=torch.long, device=device)
     top_lps = torch.zeros((rows, steps, top_logprobs), dtype=torch.float32, device=device)
     done = torch.zeros(rows, dtype=torch.bool, device=device)
     # logits of the last position only: the (B, width, V) ones of a real vocabulary are gigabytes
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+    cache = {} if past is None else {CACHE_ARG: past.fresh_cache()}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **cache)
     ones = torch.ones((rows, 1), dtype=mask.dtype, device=device)
     for t in range(steps):
         logits = out.logits[:, -1].float()
         chosen = choose_tokens(logits, temperature, sampling.top_p, None if draws is None else draws[:, t])
-        chosen = torch.where(done, pad_id, chosen)  # finished rows feed padding (their draw goes unused)
+        live = ~done  # rows whose token of this step is theirs (finished rows feed padding; their draw goes unused)
+        chosen = torch.where(done, pad_id, chosen)
         tokens[:, t] = chosen
         logps[:, t] = token_logprobs(logits, chosen, temperature)
         if top_logprobs:
@@ -121,11 +145,18 @@ def generate(
         if t + 1 == steps or bool(done.all()):
             break
         mask = torch.cat([mask, ones], dim=1)
+        real = torch.cat([real, live[:, None].to(mask.dtype)], dim=1)
         positions = positions[:, -1:] + 1
-        out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=positions, use_cache=True, **_cache_kwarg(out))
+        out = model(
+            input_ids=chosen[:, None], attention_mask=mask, position_ids=positions, use_cache=True, **{CACHE_ARG: cache_of(out)}
+        )
     gens = [_row(toks, lps, eos_id) for toks, lps in zip(tokens.tolist(), logps.tolist(), strict=True)]
+    state = None
+    if carryable(cache_of(out)):
+        fed = (real.sum(-1) - start - torch.tensor([len(n) for n in new], device=device)).tolist()
+        state = BatchKV(cache_of(out), real, [[*p, *g.completion_ids[:f]] for p, g, f in zip(prompts, gens, fed, strict=True)])
     if not top_logprobs:
-        return gens
+        return gens, state
     tops = [
         [list(zip(i, v, strict=True)) for i, v in zip(ids, lps, strict=True)]
         for ids, lps in zip(top_ids.tolist(), top_lps.tolist(), strict=True)
@@ -133,7 +164,7 @@ def generate(
     return [
         Generation(g.completion_ids, g.logprobs, g.finish_reason, top[: len(g.completion_ids)])
         for g, top in zip(gens, tops, strict=True)
-    ]
+    ], state
 
 
 def _row(tokens: list[int], logps: list[float], eos_id: int) -> Generation:
