@@ -27,6 +27,10 @@ Where time goes, per step (median over the steps after the first, which is repor
   TRL: its batched reference forward). Neither recomputes the behavior log-probs on-policy;
 - reward: scoring (and ours: group advantages);
 - train: the rest: the forwards with grad, backwards and the optimizer step.
+Distance to the limit (`roofline`, measured at the start of the run at the engines' thread count):
+ours' update in useful GFLOP/s (`roofline.train_flops` of the step's sequences over its train
+seconds) as a fraction of the float32 matmul peak, its padded-token share, and its decode's sampled
+tokens/s against `roofline.decode_roofline`.
 Memory: RSS when the first step starts, the high-water mark of RSS during the steps (VmHWM reset at
 the first step) and the process's peak (imports and setup included); on CUDA also the peak of
 `torch.cuda.max_memory_allocated` during the steps.
@@ -73,11 +77,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import lm_common  # sets the offline environment and sys.path first
+import roofline
 
 from dagster_rl.tasks.lm.model.tiny import resolve_model
 from dagster_rl.tasks.lm.settings import ATTENTION_AND_MLP
 
 PHASES = ("decode", "nograd_logp", "reward")
+WORK = ("train_flops", "decode_rows", "decode_tokens", "decode_context", "pad_share")  # ours: what a step computed
 RUBRIC = {"name": "accuracy", "accuracy": 1.0, "format": 0.5}
 # TRL refuses an adapter on lm_head (it reads lm_head.weight directly), so both engines adapt the
 # project's default modules: every attention and MLP projection.
@@ -196,6 +202,7 @@ def run_ours(args, model_dir: Path) -> dict:
     trainer.packed_logprobs = clock.wrap("nograd_logp", trainer.packed_logprobs, when=no_grad_now)
     in_memory.score = clock.wrap("reward", in_memory.score)
     in_memory.build_samples = clock.wrap("reward", in_memory.build_samples)
+    in_memory.train_step = recording_shapes(in_memory.train_step, shapes := [])
     rss_start = reset_hwm()
     reset_gpu_peak()
     for step in range(args.steps):
@@ -208,8 +215,34 @@ def run_ours(args, model_dir: Path) -> dict:
             mean_reward=sum(r.reward for r in rewards) / len(rewards),
             logp_max_dev=metrics.logp_max_dev,
             logp_mean_dev=metrics.logp_mean_dev,
+            pad_share=metrics.pad_share,
+            **step_work(policy, shapes[-1], lora_of(args)),
         )
     return _memory(clock, rss_start)
+
+
+def recording_shapes(train_step, shapes: list):
+    """`train_step`, recording each call's sequences: (prompt tokens, completion tokens, sampled tokens) each."""
+
+    def recorded(policy, optimizer, samples, *a, **kw):
+        shapes.append([(len(s.prompt_ids), len(s.completion_ids), s.sampled) for s in samples])
+        return train_step(policy, optimizer, samples, *a, **kw)
+
+    return recorded
+
+
+def step_work(policy, sequences: list[tuple[int, int, int]], lora) -> dict[str, float]:
+    """What the step computed, for the roofline: the update's useful FLOPs, the decode's rows, its
+    sampled tokens and mean context (`roofline`)."""
+    import roofline
+
+    shape = roofline.Shape.of(policy.model.get_base_model().config)
+    return {
+        "train_flops": roofline.train_flops(shape, [(p + c, k) for p, c, k in sequences], lora.rank, lora.target_modules),
+        "decode_rows": float(len(sequences)),
+        "decode_tokens": float(sum(c for _, c, _ in sequences)),
+        "decode_context": sum(p + c / 2 for p, c, _ in sequences) / len(sequences),
+    }
 
 
 def _memory(clock: "Clock", rss_start: int) -> dict:
@@ -379,7 +412,7 @@ def trl_importable(python: str) -> str | None:
 
 def summary(runs: list[dict]) -> dict[str, float]:
     later = [s for r in runs for s in r["steps"][1:]]
-    med = {k: statistics.median(s.get(k, 0.0) for s in later) for k in ("step", "cpu", *PHASES)}
+    med = {k: statistics.median(s.get(k, 0.0) for s in later) for k in ("step", "cpu", *PHASES, *WORK)}
     med["train"] = med["step"] - sum(med[p] for p in PHASES)
     med["first"] = statistics.median(r["steps"][0]["step"] for r in runs)
     med["reward_first"] = runs[0]["steps"][0]["mean_reward"]
@@ -389,6 +422,29 @@ def summary(runs: list[dict]) -> dict[str, float]:
         med["logp_max_dev"] = max(s["logp_max_dev"] for s in every)
         med["logp_mean_dev"] = max((s["logp_mean_dev"] for s in every), key=abs)
     return med
+
+
+def distance_to_the_limit(m: dict[str, float], machine, model_dir, args) -> str:
+    """Ours against the machine's peaks: the update's FLOP/s and the decode's tokens/s."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir) if model_dir else None
+    if config is None:
+        from dagster_rl.tasks.lm.model.tiny import tiny_config, tiny_tokenizer
+
+        tok = tiny_tokenizer()
+        config = tiny_config(len(tok), tok.pad_token_id, tok.eos_token_id, hidden=args.hidden, layers=args.layers)
+    shape = roofline.Shape.of(config)
+    train_rate = m["train_flops"] / max(m["train"], 1e-9) / 1e9
+    decode_rate = m["decode_tokens"] / max(m["decode"], 1e-9)
+    bound = roofline.decode_roofline(machine, shape, int(m["decode_rows"]), m["decode_context"])
+    return (
+        f"distance to the limit, ours (median step): update {m['train_flops'] / 1e9:.0f} useful GFLOP in {m['train']:.2f} s "
+        f"= {train_rate:.1f} GFLOP/s, {train_rate / machine.fp32_gflops:.2f} of the float32 matmul peak "
+        f"({machine.fp32_gflops:.0f}); padded tokens {m['pad_share']:.3f} of the update's; decode {decode_rate:.1f} sampled "
+        f"tokens/s, {decode_rate / bound:.2f} of the roofline {bound:.0f} tokens/s ({int(m['decode_rows'])} rows, mean "
+        f"context {m['decode_context']:.0f}, {machine.bandwidth_gbs:.1f} GB/s)"
+    )
 
 
 def main() -> None:
@@ -448,6 +504,8 @@ def main() -> None:
     }
     engines = {k: v for k, v in engines.items() if k in args.engines.split(",")}
     runs: dict[str, list[dict]] = {k: [] for k in engines}
+    machine = roofline.measure(args.threads)  # the machine's peaks in this run, at the engines' thread count
+    print(machine.line(), flush=True)
     loads = []
     with tempfile.TemporaryDirectory() as d:
         model_dir = (
@@ -488,6 +546,8 @@ def main() -> None:
             print(
                 f"on-policy, {name}: max |logp_trainer - logp_sampler| {m['logp_max_dev']:.2e}, largest |mean| {m['logp_mean_dev']:+.2e} (every step of every run)"
             )
+    if "ours" in rows:
+        print(distance_to_the_limit(rows["ours"], machine, model_dir if args.model else None, args))
     if "ours" in rows and "ours-bf16" in rows:
         o, b = rows["ours"], rows["ours-bf16"]
         print(
