@@ -526,8 +526,13 @@ def main() -> None:
         )
         for _ in range(args.rounds):  # alternated, so that a busy spell of the machine hits both
             for name, python in engines.items():
-                runs[name].append(spawn(python, name, args, model_dir))
+                try:
+                    runs[name].append(spawn(python, name, args, model_dir))
+                except SystemExit as e:  # one engine's failure (out of memory, say) loses no other engine's numbers
+                    print(f"{name}: {str(e)[-2000:]}", flush=True)
                 loads.append(os.getloadavg()[0])
+                print(f"  {name} done, load average {loads[-1]:.1f}", flush=True)
+    runs = {k: v for k, v in runs.items() if v}
     rows = {k: summary(v) for k, v in runs.items()}
     results = {k: {m: max(r.get(m, 0) for r in v) for m in ("rss_start", "rss_hwm", "peak", "gpu_peak")} for k, v in runs.items()}
     gpu = args.device == "cuda"

@@ -30,7 +30,7 @@ from dagster_rl.core.retries import describe
 from dagster_rl.tasks.agent.episode import Episode, Stage
 from dagster_rl.tasks.agent.records import AgentTrajectory, EpisodeRequest
 from dagster_rl.tasks.lm.model.policy import Policy
-from dagster_rl.tasks.lm.rollout.kv_cache import BatchKV
+from dagster_rl.tasks.lm.rollout.kv_cache import BatchKV, RowKV
 from dagster_rl.tasks.lm.rollout.sampling import Generation, generate_cached
 from dagster_rl.tasks.lm.settings import SamplingSettings
 
@@ -127,25 +127,32 @@ def run_episodes(
 
 
 class TurnBatch:
-    """Live episodes that advance one turn together, and the KV cache their last turn left
-    (`sampling.generate_cached`): a turn computes only each sequence's new tokens (the last sampled
+    """Live episodes that advance one turn together, and the KV cache of each, as its last turn left
+    it (`sampling.generate_cached`): a turn computes only each sequence's new tokens (the last sampled
     token, the observation), not the whole sequence again."""
 
     def __init__(self, episodes: list[Episode]):
         self.episodes = episodes
-        self.past: BatchKV | None = None
+        self.kv: list[RowKV] | None = None
 
     def generate(self, model: torch.nn.Module, sampling: SamplingSettings, eos_id: int, pad_id: int) -> list[Generation]:
-        gens, self.past = generate_cached(
-            model, [e.ids for e in self.episodes], [e.turn_seed for e in self.episodes], sampling, eos_id, pad_id, past=self.past
+        past = BatchKV.stack(self.kv) if self.kv is not None else None
+        gens, self.kv = generate_cached(
+            model,
+            [e.ids for e in self.episodes],
+            [e.turn_seed for e in self.episodes],
+            sampling,
+            eos_id,
+            pad_id,
+            past=past,
+            keep=True,
         )
         return gens
 
     def keep(self, live: Callable[[Episode], bool]) -> list[Episode]:
-        """Keep the episodes `live` says go on (and their rows of the cache); returns the others."""
+        """Keep the episodes `live` says go on (and their caches); returns the others."""
         kept = [i for i, e in enumerate(self.episodes) if live(e)]
         gone = [e for e in self.episodes if not live(e)]
-        if gone and self.past is not None:
-            self.past = self.past.select(kept) if kept else None
+        self.kv = [self.kv[i] for i in kept] if self.kv is not None else None
         self.episodes = [self.episodes[i] for i in kept]
         return gone

@@ -51,7 +51,12 @@ def warmup_files(exp: Exp, store: ArtifactStore) -> tuple[dict[str, bytes], Arti
     if settings is None:
         raise ValueError(f"experiment {exp.name} has no warmup section")
     # the check that stops it at a target accuracy scores like the held-out evaluation
-    check = {"rubric": exp.rubric, "max_new_tokens": exp.eval_max_new_tokens} if settings.target_accuracy else None
+    # (its greedy completions are the evaluation's: keyed by the evaluation's code version)
+    check = (
+        {"rubric": exp.rubric, "max_new_tokens": exp.eval_max_new_tokens, "evaluation": CODE_VERSIONS["evaluation"]}
+        if settings.target_accuracy
+        else None
+    )
     prompts = load_prompt_set(exp.task.source)
     key = cache_key(
         "weights",

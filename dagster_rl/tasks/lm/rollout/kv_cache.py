@@ -4,15 +4,14 @@ A multi-turn episode's next turn continues the sequence its last turn sampled: t
 of every token already in it are those the last turn computed, and only the tokens after them (the
 last sampled token, the observation) need a forward (`sampling.generate_cached` with a `past`).
 
-`BatchKV` is what a batch's generation leaves: the model's cache, (B, L) per layer, and `real`,
-1 where a column holds one of row i's tokens. Columns that hold none of a row's tokens (a row's left
-padding, the padding a finished row was fed, a short row's padding of the next turn's new tokens)
-are holes: 0 in the attention mask, so nothing attends to them; a row's positions count its real
-tokens only. The numbers are the same as a fresh forward of each row's whole sequence up to float
-rounding (other shapes, other kernels): what a left-padded batch already gives.
-
-`RowKV` is one sequence's keys and values alone, holes removed (what `dagster-rl serve` keeps per
-token prefix, `serve.prefix_cache`); `BatchKV.stack` makes a batch of rows again, left-padded.
+`RowKV` is one sequence's keys and values alone (what a decode keeps of each row, `take_row`, and
+what `dagster-rl serve` keeps per token prefix, `serve.prefix_cache`). `BatchKV.stack` makes a batch
+of rows again, each right-aligned: the model's cache, (B, L) per layer, and `real`, 1 where a column
+holds one of row i's tokens. Columns that hold none (a row's left padding, the padding a finished
+row was fed, a short row's padding of the next turn's new tokens) are holes: 0 in the attention
+mask, so nothing attends to them; a row's positions count its real tokens only. The numbers are
+the same as a fresh forward of each row's whole sequence up to float rounding (other shapes, other
+kernels): what a left-padded batch already gives.
 
 Only caches whose layers are all plain `DynamicLayer`s carry over (full attention, as Llama and
 Qwen2 have); any other (a sliding window) gives `None`, and the next turn computes its whole
@@ -44,6 +43,18 @@ def carryable(cache: Any) -> bool:
     return bool(layers) and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers)
 
 
+def take_row(cache: Any, b: int, real: torch.Tensor, tokens: Sequence[int]) -> "RowKV":
+    """Row b of a batch's cache, the columns `real` (1 where the row has a token) marks, as `tokens`'."""
+    columns = torch.nonzero(real)[:, 0]
+    if len(columns) != len(tokens):
+        raise ValueError(f"row {b} holds {len(columns)} tokens of the cache, not {len(tokens)}")
+    return RowKV(
+        tuple(tokens),
+        tuple(layer.keys[b].index_select(1, columns) for layer in cache.layers),
+        tuple(layer.values[b].index_select(1, columns) for layer in cache.layers),
+    )
+
+
 @dataclass(frozen=True)
 class RowKV:
     """One sequence's keys and values per layer, (kv_heads, len(tokens), head_dim) each."""
@@ -70,8 +81,8 @@ class RowKV:
 
 @dataclass
 class BatchKV:
-    """A batch's KV cache after a generation: `real` (B, L) marks the columns that hold row i's tokens,
-    `tokens[i]` those tokens in order."""
+    """A batch's KV cache: `real` (B, L) marks the columns that hold row i's tokens, `tokens[i]` those
+    tokens in order."""
 
     cache: Any
     real: torch.Tensor
@@ -91,38 +102,6 @@ class BatchKV:
         """A cache over the same tensors for a forward to extend: a forward grows the cache it is given
         (new tensors, concatenated), and this BatchKV stays as it was."""
         return DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in self.cache.layers])
-
-    def select(self, rows: Sequence[int]) -> "BatchKV":
-        """The rows `rows`, in that order; columns that no kept row uses are dropped."""
-        index = torch.tensor(list(rows), dtype=torch.long, device=self.real.device)
-        real = self.real.index_select(0, index)
-        used = real.any(0)
-        columns = torch.nonzero(used)[:, 0] if not bool(used.all()) else None
-        layers = []
-        for layer in self.cache.layers:
-            k, v = layer.keys.index_select(0, index), layer.values.index_select(0, index)
-            if columns is not None:
-                k, v = k.index_select(2, columns), v.index_select(2, columns)
-            layers.append((k, v))
-        return BatchKV(
-            DynamicCache(ddp_cache_data=layers),
-            real if columns is None else real.index_select(1, columns),
-            [self.tokens[i] for i in rows],
-        )
-
-    def split(self) -> list[RowKV]:
-        """Each row alone, its holes removed."""
-        out = []
-        for i, tokens in enumerate(self.tokens):
-            columns = torch.nonzero(self.real[i])[:, 0]
-            out.append(
-                RowKV(
-                    tuple(tokens),
-                    tuple(layer.keys[i].index_select(1, columns) for layer in self.cache.layers),
-                    tuple(layer.values[i].index_select(1, columns) for layer in self.cache.layers),
-                )
-            )
-        return out
 
     @classmethod
     def stack(cls, rows: Sequence[RowKV | None]) -> "BatchKV | None":

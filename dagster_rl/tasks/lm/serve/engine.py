@@ -226,11 +226,19 @@ class Engine:
             computed_by = self._internal.get(first.model, "base")
             prompts = [r.prompt_ids for r in batch]
             past = BatchKV.stack([self.prefixes.lookup(computed_by, p) for p in prompts]) if self.prefixes else None
-            gens, state = generate_cached(
-                model, prompts, [r.seed for r in batch], sampling, first.stop_id, tok.pad_token_id, top, past=past
+            gens, kept = generate_cached(
+                model,
+                prompts,
+                [r.seed for r in batch],
+                sampling,
+                first.stop_id,
+                tok.pad_token_id,
+                top,
+                past=past,
+                keep=self.prefixes is not None,
             )
-            if self.prefixes is not None and state is not None:
-                self.prefixes.store(computed_by, state.split())
+            if self.prefixes is not None and kept is not None:
+                self.prefixes.store(computed_by, kept)
         return [
             CompletionResult(
                 list(g.completion_ids), list(g.logprobs), g.finish_reason, g.top and [t[: r.logprobs] for t in g.top]
