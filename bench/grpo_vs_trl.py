@@ -243,6 +243,8 @@ def step_work(policy, sequences: list[tuple[int, int, int]], lora) -> dict[str, 
         "decode_rows": float(len(sequences)),
         "decode_tokens": float(sum(c for _, c, _ in sequences)),
         "decode_context": sum(p + c / 2 for p, c, _ in sequences) / len(sequences),
+        "decode_prompt": sum(p for p, _, _ in sequences) / len(sequences),
+        "completions": [c for _, c, _ in sequences],  # not a number: kept out of the medians
     }
 
 
@@ -429,7 +431,7 @@ def summary(runs: list[dict]) -> dict[str, float]:
     return med
 
 
-def distance_to_the_limit(m: dict[str, float], machine, model_dir, args) -> str:
+def distance_to_the_limit(m: dict[str, float], machine, model_dir, args, last: dict) -> str:
     """Ours against the machine's peaks: the update's FLOP/s and the decode's tokens/s."""
     from transformers import AutoConfig
 
@@ -443,12 +445,14 @@ def distance_to_the_limit(m: dict[str, float], machine, model_dir, args) -> str:
     train_rate = m["train_flops"] / max(m["train"], 1e-9) / 1e9
     decode_rate = m["decode_tokens"] / max(m["decode"], 1e-9)
     bound = roofline.decode_roofline(machine, shape, int(m["decode_rows"]), m["decode_context"])
+    least = roofline.decode_seconds_bound(machine, shape, last["decode_prompt"], last["completions"])
     return (
         f"distance to the limit, ours (median step): update {m['train_flops'] / 1e9:.0f} useful GFLOP in {m['train']:.2f} s "
         f"= {train_rate:.1f} GFLOP/s, {train_rate / machine.fp32_gflops:.2f} of the float32 matmul peak "
         f"({machine.fp32_gflops:.0f}); padded tokens {m['pad_share']:.3f} of the update's; decode {decode_rate:.1f} sampled "
         f"tokens/s, {decode_rate / bound:.2f} of the roofline {bound:.0f} tokens/s ({int(m['decode_rows'])} rows, mean "
-        f"context {m['decode_context']:.0f}, {machine.bandwidth_gbs:.1f} GB/s)"
+        f"context {m['decode_context']:.0f}, {machine.bandwidth_gbs:.1f} GB/s); the last step's completions needed at least "
+        f"{least:.2f} s of its {last['decode']:.2f} s of decode ({least / last['decode']:.2f}, `roofline.decode_seconds_bound`)"
     )
 
 
@@ -563,7 +567,8 @@ def main() -> None:
                 f"on-policy, {name}: max |logp_trainer - logp_sampler| {m['logp_max_dev']:.2e}, largest |mean| {m['logp_mean_dev']:+.2e} (every step of every run)"
             )
     if "ours" in rows:
-        print(distance_to_the_limit(rows["ours"], machine, model_dir if args.model else None, args))
+        last = runs["ours"][-1]["steps"][-1]
+        print(distance_to_the_limit(rows["ours"], machine, model_dir if args.model else None, args, last))
     if "ours" in rows and "ours-bf16" in rows:
         o, b = rows["ours"], rows["ours-bf16"]
         print(

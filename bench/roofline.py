@@ -165,3 +165,21 @@ def decode_roofline(machine: Machine, shape: Shape, rows: int, context: float, b
     flops = rows * (2 * (shape.body_params + shape.head_params) + 4 * shape.layers * shape.heads * shape.head_dim * context)
     step_s = max(read / (machine.bandwidth_gbs * 1e9), flops / (machine.fp32_gflops * 1e9))
     return rows / step_s
+
+
+def decode_seconds_bound(
+    machine: Machine, shape: Shape, prompt: float, completions: list[int], bytes_per_value: int = 4
+) -> float:
+    """Least seconds any engine needs to decode `completions` (each row's tokens) one token per live row a
+    step, rows of mean `prompt` tokens: a step reads every weight once and each live row's KV cache, and
+    computes 2N per live row. A row that ended costs nothing (the bound of an engine that drops it)."""
+    weights = (shape.body_params + shape.head_params) * bytes_per_value
+    total = 0.0
+    for t in range(max(completions, default=0)):
+        live = sum(c > t for c in completions)
+        read = weights + live * (prompt + t) * shape.kv_bytes_per_token(bytes_per_value)
+        flops = live * (
+            2 * (shape.body_params + shape.head_params) + 4 * shape.layers * shape.heads * shape.head_dim * (prompt + t)
+        )
+        total += max(read / (machine.bandwidth_gbs * 1e9), flops / (machine.fp32_gflops * 1e9))
+    return total

@@ -132,10 +132,13 @@ def main() -> None:
         f"alone ran at {counted / max(matmul_s, 1e-9) / 1e9:.0f} GFLOP/s (counted FLOPs / their self time; attention "
         f"included in the count) in {matmul_s / max(sum(update_kinds.values()), 1e-9):.0%} of its operator time"
     )
+    prompt = sum(len(r.prompt_token_ids) for r in rollouts) / len(rollouts)
+    least = roofline.decode_seconds_bound(machine, shape, prompt, [len(r.completion_token_ids) for r in rollouts])
     print(
         f"decode: {tokens / decode_s:.1f} sampled tokens/s, {tokens / decode_s / bound:.2f} of the roofline {bound:.0f} "
-        f"({len(rollouts)} rows, mean context {context:.0f}, {machine.bandwidth_gbs:.1f} GB/s); load average now "
-        f"{os.getloadavg()[0]:.1f}"
+        f"of {len(rollouts)} rows all sampling (mean context {context:.0f}, {machine.bandwidth_gbs:.1f} GB/s); these "
+        f"completions' lengths need at least {least:.2f} s (`roofline.decode_seconds_bound`): {least / decode_s:.2f} of "
+        f"the {decode_s:.2f} s taken; load average now {os.getloadavg()[0]:.1f}"
     )
 
 
