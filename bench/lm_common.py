@@ -19,7 +19,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from dagster_rl.tasks.lm.model.policy import Policy, load_policy
-from dagster_rl.tasks.lm.model.tiny import tiny_config, tiny_tokenizer
+from dagster_rl.tasks.lm.model.tiny import tiny_config
+from dagster_rl.tasks.lm.model.tokenizers import tiny_tokenizer
 from dagster_rl.tasks.lm.settings import LoRASettings, PolicySettings
 
 # the tests' adapter: every projection of every layer plus the head

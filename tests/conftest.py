@@ -41,14 +41,18 @@ def tiny_serve(tmp_path_factory):
 
 @pytest.fixture
 def lab(tmp_path):
-    """lab(name, *experiment_settings, **resources): a fresh Dagster home, store and experiments."""
+    """lab(name, *experiment_settings, files={name: text}, **resources): a fresh Dagster home, store and
+    experiments; `files` are written beside the experiment files first (a user's reward functions)."""
     from tests.harness import new_dagster_home, open_lab
     from tests.settings import write_experiments
 
     labs = []
 
-    def make(name: str, *raws: dict, **resources):
+    def make(name: str, *raws: dict, files: dict[str, str] | None = None, **resources):
         home = new_dagster_home(tmp_path / name)
+        (home / "experiments").mkdir()
+        for file, text in (files or {}).items():
+            (home / "experiments" / file).write_text(text)
         made = open_lab(home, write_experiments(home / "experiments", *raws), **resources)
         labs.append(made)
         return made

@@ -140,6 +140,15 @@ def _fixed_tuple(annotation: Any) -> tuple | None:
     return args if get_origin(a) is tuple and args and args[-1] is not Ellipsis else None
 
 
+def _models_of(annotation: Any) -> type[BaseModel] | None:
+    """The section type of a list (or `tuple[X, ...]`) of sections (a rubric's reward functions), else None."""
+    a = _strip(annotation)
+    args = get_args(a)
+    if get_origin(a) in (tuple, list) and args and (len(args) == 1 or args[-1] is Ellipsis) and _is_model(_strip(args[0])):
+        return _strip(args[0])
+    return None
+
+
 def _set(raw: Raw, path: tuple[str, ...], value: Any) -> Raw:
     """A copy of `raw` with `path` set to `value`."""
     out = json.loads(json.dumps(raw))
@@ -189,6 +198,14 @@ class Walk:
         models = [m for m in (get_args(a) if _is_union(a) else (a,)) if _is_model(_strip(m))]
         if models:
             yield from self._section(a, [_strip(m) for m in models], plan, path, value)
+            return
+        element = _models_of(a)
+        if element is not None and isinstance(value, (list, tuple)):  # a list of sections: the list, then each one's fields
+            yield from self._first_valid(
+                name, plan, path, list(value), [*self.overrides.get(name, []), *_candidates(a, value)], False
+            )
+            for i in range(len(value)):
+                yield from self.model(element, plan, (*path, str(i)))
             return
         fixed = _fixed_tuple(a)
         if fixed is not None and isinstance(value, (list, tuple)):  # each element in turn: (0.9, 0.999) -> betas.0, betas.1

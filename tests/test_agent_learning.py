@@ -9,7 +9,7 @@ import pytest
 from dagster_rl.core.experiment import step_key
 from dagster_rl.core.records import Rewards, Rollouts
 from dagster_rl.tasks.agent.records import AgentReward, AgentTrajectory
-from dagster_rl.tasks.lm.model.tiny import IM_START
+from dagster_rl.tasks.lm.model.tokenizers import IM_START
 from tests.lm_fixtures import ON_POLICY_ROUNDING
 from tests.settings import shipped_settings
 

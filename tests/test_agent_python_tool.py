@@ -203,3 +203,18 @@ def test_lineage_shows_a_trials_programs(lab, sandboxes, tmp_path, capsys):
     programs = [line for line in lines if line.startswith("    program 1: ")]
     assert len(programs) == 2, lines
     assert all(" exit status 0, " in line and " s; stdout '" in line for line in programs), programs
+
+
+def test_a_run_whose_sandbox_cannot_be_made_fails_before_its_first_step_saying_what_to_do(lab):
+    """No sandbox, no step: the run stops before step 0 stores anything (never running a program unsandboxed)."""
+    from resources import SandboxEnvironment
+    from tests.harness import failure_message
+
+    made = lab("counter_nosandbox", {**COUNTER, "n_steps": 1}, sandbox=SandboxEnvironment(python="/nonexistent/python3"))
+    before = counters.read("programs_run")
+    result = made.run("counter_agent", "0000", "0000", raise_on_error=False)
+    assert not result.success and counters.read("programs_run") == before
+    assert "the sandbox's interpreter /nonexistent/python3 does not exist: install it, or set the sandbox's python" in (
+        failure_message(result)
+    )
+    assert made.metadata("counter_agent", "rollouts") == {}

@@ -94,6 +94,7 @@ OUTSIDE_KEYS = {
     "checked to fit it",
     "environments.sandbox.backend": "where programs run (bubblewrap here, a pod on a cluster): the interpreter they run on "
     "enters the rollouts' key of an environment that runs programs (`Sandboxes.identity`)",
+    "rubric.functions.0.timeout_s": "a reward function's time limit: a call past it fails its trial, never stored",
 }
 # The settings whose change may change float bytes within rounding (`dagster_rl.core.differences`): the
 # stored float artifacts are then another computation of the same plan (adopted by a second writer),
@@ -196,14 +197,46 @@ def _gsm8k_file(folder: Path, name: str, shift: int) -> str:
     return str(path)
 
 
+GYM = {
+    "kind": "reasoning_gym",
+    "dataset": "chain_sum",
+    "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1},
+    "size": 8,
+    "n_eval": 2,
+    "extract": "last_number",
+}
+FUNCTIONS_RUBRIC = {
+    "kind": "functions",
+    "accuracy": 1.0,
+    "format": 0.5,
+    "functions": [{"function": "tests.reward_fixtures:length", "weight": 0.5}],
+}
+
+
 def _overrides(folder: Path, judge_url: str, kind: str) -> dict[str, list]:
     """Values of settings that cannot be guessed from their type."""
+    data_file = {
+        "kind": "datasets",
+        "path": _gsm8k_file(folder, "c.jsonl", 0),  # absolute: a plan is parsed with no experiments folder
+        "columns": {"prompt": "question", "answer": "answer"},
+        "n_eval": 2,
+    }
     return {
         "environments.judge.base_url": [judge_url.replace("127.0.0.1", "localhost")],  # the same judge, named otherwise
         # another model: the same tokenizer (a chat model's, for the agent: its turn markers frame the observations)
         "policy.base_model": ["builtin:tiny-qwen2-gsm8k" if kind == "text_agent" else "builtin:tiny-qwen2-vllm"],
-        "task.source": [{"kind": "gsm8k", "path": _gsm8k_file(folder, "a.jsonl", 0), "n_eval": 2, "template": "{question}"}],
+        "task.source": [
+            {"kind": "gsm8k", "path": _gsm8k_file(folder, "a.jsonl", 0), "n_eval": 2, "template": "{question}"},
+            data_file,
+            GYM,
+        ],
         "task.source.path": [_gsm8k_file(folder, "b.jsonl", 1)],
+        "task.source.columns": [{"prompt": "question", "answer": "answer", "level": "answer"}],  # one more column
+        "task.source.dataset": ["basic_arithmetic"],  # reasoning-gym: another task with the same config fields
+        "task.source.config": [{"min_terms": 2, "max_terms": 2, "max_digits": 2}],
+        "rubric": [FUNCTIONS_RUBRIC],
+        "rubric.functions": [[*FUNCTIONS_RUBRIC["functions"], {"function": "tests.reward_fixtures:mentions_answer"}]],
+        "rubric.functions.0.function": ["tests.reward_fixtures:echo_columns"],
         "task.environment": [{"name": "secret_search_copy"}],  # another environment (registered above)
         "task.environment.name": ["secret_search"],
         "plugins": [["dagster_rl.tasks.agent.text_world"]],  # a module that registers a text environment
@@ -251,11 +284,12 @@ def _valid(plan: Plan) -> bool:
     return True
 
 
-def _build(plan: Plan, root: Path):
-    """The experiment, and its backends built by the environments as the driver builds them."""
+def _build(plan: Plan, root: Path, folder: Path | None = None):
+    """The experiment (read as from `folder`, the experiments folder), and its backends built by the
+    environments as the driver builds them."""
     from resources import ArtifactStoreResource, PipesTorchrunLauncher
 
-    exp = parse_experiment(plan.experiment)
+    exp = parse_experiment(plan.experiment, folder)
     env, resources = plan.environments, _resources()
     rollout = resources["rollout"](**env["rollout"])
     judge = resources["judge"](artifact_store=ArtifactStoreResource(url=f"file://{root}"), **env["judge"])
@@ -410,3 +444,24 @@ def test_the_content_of_a_prompt_file_is_in_the_keys_that_read_it(tmp_path, judg
     seen = outcome("the content of task.source.path", before, after, ADOPTING_KINDS)
     assert not seen.omissions and not seen.rounding, seen.omissions
     assert {"the warm-up's weights", "rollouts of step 0000"} <= set(seen.moved)
+
+
+def test_the_bytes_of_a_reward_functions_file_are_in_the_keys_of_what_it_scores_and_nothing_else(tmp_path, judge):
+    """The same experiment, its function's file edited: the rewards and what follows them are new
+    artifacts; the warm-up and the first rollouts are not (nothing else changes a key)."""
+    from functools import partial
+
+    from tests.reward_fixtures import USER_FILE
+
+    folder = tmp_path / "experiments"
+    folder.mkdir()
+    (folder / "my_rewards.py").write_text(USER_FILE)
+    rubric = {"kind": "functions", "functions": [{"function": "my_rewards.py:distinct_chars"}]}
+    plan = Plan({**BASES["verifiable_prompts"], "rubric": rubric}, _environments(judge.base_url))
+    before = compute(plan, tmp_path / "before", partial(_build, folder=folder))
+    (folder / "my_rewards.py").write_text(USER_FILE.replace("/ 64", "/ 32"))  # the same name, other rewards
+    after = compute(plan, tmp_path / "after", partial(_build, folder=folder))
+    seen = outcome("the bytes of my_rewards.py", before, after, ADOPTING_KINDS)
+    assert not seen.omissions and not seen.rounding, seen.omissions
+    assert {"rewards of step 0000", "rewards of step 0001", "weights of step 0000"} <= set(seen.moved)
+    assert not {"the warm-up's weights", "initial weights", "rollouts of step 0000"} & set(seen.moved)

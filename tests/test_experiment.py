@@ -260,8 +260,16 @@ TINY = "tiny_grpo"
             TINY,
             {"prompts_per_step": 1024, "n_samples": 64, "sampling": {"max_new_tokens": 4096}},
             "<root>",
-            "1024 x 64 x 4096 = 268435456 tokens a step may sample, more than 134217728",
+            "1024 x 64 x 4096 x 1 = 268435456 tokens the driver may hold, more than 134217728",
         ),
+        (  # at a lag the driver holds the steps generated ahead too
+            TINY,
+            {"prompts_per_step": 512, "n_samples": 64, "sampling": {"max_new_tokens": 2048}, "max_policy_lag": 3},
+            "<root>",
+            "512 x 64 x 2048 x 4 = 268435456 tokens the driver may hold",
+        ),
+        (TINY, {"max_policy_lag": 9}, "max_policy_lag", "less than or equal to 8"),
+        (TINY, {"grpo": {"mismatch": {"cap": 1.0}}}, "grpo.mismatch.cap", "greater than 1"),
         (
             TINY,
             {"task": {"source": {"kind": "synthetic", "n_eval": 100_000}, "eval_max_new_tokens": 32768}},

@@ -17,10 +17,20 @@ def module_name(path: Path) -> str:
 
 
 def imports_of(path: Path) -> set[str]:
-    """Every project module `path` imports, at module level or inside a function."""
+    """Every project module `path` imports, at module level or inside a function, or by a literal name
+    (`importlib.import_module("dagster_rl.tasks.agent.tiny")`: an import all the same)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.add(node.args[0].value)
+        elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
@@ -168,3 +178,39 @@ def test_the_trainer_processes_start_where_the_package_is():
     from dagster_rl.tasks.lm.backends import SOURCE_ROOT
 
     assert (SOURCE_ROOT / "dagster_rl" / "__init__.py").is_file()
+
+
+def third_party_imports() -> dict[str, set[str]]:
+    """Top-level names the project's packages import that are neither its own nor the standard library's,
+    with the modules that import each."""
+    import sys
+
+    found: dict[str, set[str]] = {}
+    for path in project_modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                if top not in PACKAGES and top not in sys.stdlib_module_names:
+                    found.setdefault(top, set()).add(module_name(path))
+    return found
+
+
+def test_every_package_the_code_imports_is_declared():
+    """A package imported directly is a dependency of pyproject.toml of its own, never one that
+    another dependency happens to bring (`pydantic_core` came with pydantic, undeclared)."""
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = {re.split(r"[<>=!~\[ ;]", d, maxsplit=1)[0].lower().replace("_", "-") for d in project["dependencies"]}
+    by_import = packages_distributions()
+    undeclared = {}
+    for name, users in third_party_imports().items():
+        dists = {d.lower().replace("_", "-") for d in by_import.get(name, [name])}
+        if not dists & declared:
+            undeclared[f"{name} (imported by {sorted(users)[0]})"] = sorted(dists)
+    assert len(third_party_imports()) > 15  # the walk found the imports
+    assert undeclared == {}, f"imported but not declared in pyproject.toml's dependencies: {undeclared}"

@@ -8,7 +8,7 @@ import pytest
 from dagster_rl.core.experiment import step_key
 from dagster_rl.core.records import Rewards
 from dagster_rl.tasks.lm.data.prompts import extract_answer, has_answer_mark
-from dagster_rl.tasks.lm.model.tiny import IM_START
+from dagster_rl.tasks.lm.model.tokenizers import IM_START
 from dagster_rl.tasks.lm.rewards import LMReward
 from tests.settings import shipped_settings
 

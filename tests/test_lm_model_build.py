@@ -15,7 +15,7 @@ from transformers.modeling_utils import PreTrainedModel
 from dagster_rl.core.errors import DagsterRLError
 from dagster_rl.tasks.lm.model.build import check_whole
 from dagster_rl.tasks.lm.model.policy import load_policy
-from dagster_rl.tasks.lm.model.tiny import tiny_tokenizer
+from dagster_rl.tasks.lm.model.tokenizers import tiny_tokenizer
 from dagster_rl.tasks.lm.settings import ATTENTION_AND_MLP, LoRASettings, PolicySettings
 
 THREADS = 6

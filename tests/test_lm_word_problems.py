@@ -16,7 +16,8 @@ from dagster_rl.tasks.lm.data.prompts import (
     render,
 )
 from dagster_rl.tasks.lm.data.word_problems import resolve_dataset, vocabulary, word_problems, write_jsonl
-from dagster_rl.tasks.lm.model.tiny import IM_END, IM_START, resolve_model
+from dagster_rl.tasks.lm.model.tiny import resolve_model
+from dagster_rl.tasks.lm.model.tokenizers import IM_END, IM_START
 
 
 def test_problems_are_gsm8k_format_multi_step_and_a_pure_function_of_the_seed(tmp_path):

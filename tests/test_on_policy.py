@@ -102,7 +102,24 @@ def test_pipelined_steps_check_the_step_whose_behavior_is_the_trained_policy_and
         assert checks[k].value == results[k].metrics["logp_max_dev"] > 1e-5
 
 
-@pytest.mark.parametrize("lag", [0, 1])
+def test_with_the_mismatch_correction_a_lagged_step_is_checked_against_the_recomputed_behavior_log_probs(tmp_path):
+    """At lag 2 with `grpo.mismatch` the trainer recomputes the log-probs of the weights that sampled
+    each stale step (a no-grad forward with their adapter): they equal the sampler's within
+    rounding, so every step is checked, and the mismatch weight is 1 to rounding (nothing capped)."""
+    exp = small_experiment(max_policy_lag=2, grpo={"mismatch": {"level": "token", "action": "truncate", "cap": 2.0}})
+    results = run(exp, ArtifactStore(f"file://{tmp_path}/artifacts"), HFRollouts(), [0, 1, 2, 3])
+    assert [r.metrics["behavior_step"] for r in results.values()] == [-1.0, -1.0, -1.0, 0.0]
+    assert [r.metrics["policy_lag"] for r in results.values()] == [0.0, 1.0, 2.0, 2.0]
+    for k, r in results.items():
+        check = next(c for c in r.checks if c.name == "on_policy")
+        assert check.passed and not check.message.startswith("not checked"), (k, check.message)
+        assert r.metrics["logp_max_dev"] < 1e-5 and r.metrics["mismatch_capped_frac"] == 0.0, (k, r.metrics)
+        assert r.metrics["mismatch_weight"] == pytest.approx(1.0, abs=1e-5)
+        if k:  # stale: the trainer's recomputation, not its own forward, is what it compared
+            assert "recomputed with the behavior weights v" in check.message and r.metrics["ratio_max_dev"] > 1e-5
+
+
+@pytest.mark.parametrize("lag", [0, 1, 3])
 def test_a_step_off_policy_fails_its_check_and_its_rollouts_are_moved_aside_with_the_next_steps(tmp_path, lag):
     exp = small_experiment(max_policy_lag=lag)
     store = ArtifactStore(f"file://{tmp_path}/artifacts")
@@ -114,8 +131,10 @@ def test_a_step_off_policy_fails_its_check_and_its_rollouts_are_moved_aside_with
     assert results[0].refs["rollouts"].key in moved and not store.exists("rollouts", results[0].refs["rollouts"].key)
     # lag 1: step 1 was generated a step ahead by the same sampler with the initial weights, which a
     # re-run reaches again: moved aside too. Lag 0: it was generated with step 0's weights, which no
-    # re-run after the fix reaches (its rollouts differ, so do its weights).
-    assert len(moved) == (2 if lag else 1)
+    # re-run after the fix reaches (its rollouts differ, so do its weights). Lag 3: steps 1-3 were
+    # queued with the initial weights: those that had started are moved aside, the others never sampled
+    assert len(moved) == (2 if lag == 1 else 1) if lag < 3 else 2 <= len(moved) <= 4
+    assert not [p for p in (tmp_path / "artifacts" / "rollouts").iterdir() if (p / "manifest.json").exists()]
     # the fix: the same steps sample again, and pass
     again = run(exp, store, HFRollouts(), [0])
     assert again[0].cache["rollouts"] == "miss" and all(c.passed for c in again[0].checks)

@@ -71,21 +71,27 @@ def test_cached_steps_never_start_a_session(session_run):
     assert reports(session_run, again.run_id) == [] and worker_processes(os.getpid()) == {}
 
 
-@pytest.mark.parametrize("lag", [0, 1])
+@pytest.mark.parametrize("lag", [0, 1, 2])
 def test_a_session_stores_the_bytes_that_a_launch_per_step_stores(lab, session_run, lag):
     """Same experiment, same machine: every step's weights, under the same key, byte for byte.
-    With lag 1 step k+1 generates with the weights of step k-1 while step k trains."""
-    per_step = lab("per_step", session_settings(max_policy_lag=lag, trainer={"session": "step"}))
+    With lag 1 step k+1 generates with the weights of step k-1 while step k trains. With lag 2 (every
+    step sampled by the initial weights) and `grpo.mismatch`, the workers recompute the log-probs of
+    the behavior weights each stale step's job names: checked on every step."""
+    extra = {"grpo": {"mismatch": {"level": "sequence", "action": "truncate", "cap": 2.0}}} if lag == 2 else {}
+    per_step = lab("per_step", session_settings(max_policy_lag=lag, trainer={"session": "step"}, **extra))
     before = counters.snapshot()
     assert per_step.run("tiny_grpo", SESSION_STEPS[0], SESSION_STEPS[-1]).success
     assert counters.read("trainer_sessions") == before.get("trainer_sessions", 0)  # a launch per step, no session
     if lag == 0:
         session = session_run
     else:
-        session = lab("session", session_settings(max_policy_lag=1))
+        session = lab("session", session_settings(max_policy_lag=lag, **extra))
         assert session.run("tiny_grpo", SESSION_STEPS[0], SESSION_STEPS[-1]).success
         behavior = [session.latest("tiny_grpo", "rollouts", s)["behavior_policy"]["partition"] for s in SESSION_STEPS]
-        assert behavior == ["initial", "initial", "0000"]
+        assert behavior == (["initial", "initial", "0000"] if lag == 1 else ["initial"] * 3)
+        if lag == 2:
+            md = [session.latest("tiny_grpo", "weights", s) for s in SESSION_STEPS]
+            assert [m["policy_lag"] for m in md] == [0.0, 1.0, 2.0] and all(m["logp_max_dev"] < 1e-4 for m in md), md
     keys = [lab_.latest("tiny_grpo", "weights", s)["artifact_key"] for lab_ in (per_step, session) for s in SESSION_STEPS]
     assert keys[:3] == keys[3:]
     assert hashes(per_step) == hashes(session)

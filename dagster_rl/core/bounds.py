@@ -25,6 +25,13 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 # Steps are partitions keyed 0000..9999.
 MAX_STEPS = 9999
+# How many steps the sampler may run ahead of the trainer (`max_policy_lag`): prime-rl's
+# `max_off_policy_steps` default, the largest of the anchors'; the driver holds the rollouts of the
+# step that trains and of every step generated ahead of it, so a step's tokens count lag + 1 times.
+MAX_POLICY_LAG = 8
+# An importance weight's cap (the off-policy corrections'): past 1,000 a weight capped there already
+# lets one token outweigh a thousand; the anchors use 2 to 5.
+MAX_IMPORTANCE_CAP = 1000.0
 
 # Threads of one process, and processes x threads of one node: the node's hardware threads
 # (torch.set_num_threads(10**9) dies in libgomp's allocator).

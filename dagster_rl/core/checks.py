@@ -45,7 +45,7 @@ def step_checks(exp: Experiment, finite: CheckOutcome, rewards: list, planned: i
     """The checks of every step; `finite` is the task's own check that its weights are finite."""
     return [
         finite,
-        rewards_in_bounds(rewards, 0.0, exp.max_reward),
+        rewards_in_bounds(rewards, exp.min_reward, exp.max_reward),
         enough_usable_trials(len(rewards), planned, exp.checks.min_usable_fraction),
     ]
 
@@ -69,25 +69,29 @@ def on_policy(
     dtype: str,
     behavior_version: int,
     trained_version: int,
+    recomputed: bool = False,
 ) -> CheckOutcome:
     """The `on_policy` check of a step: where the rollouts' behavior policy is the policy the step
     trains, the trainer's log-probability of every sampled token equals the sampler's within the
     dtype's `tolerance` = (max |difference|, |mean difference|); `max_dev` and `mean_dev` are the
-    step's. A lagged step (`max_policy_lag: 1`) is reported, not checked: its difference is the
-    lag's drift. The check's value is `max_dev`, shown as `logp_max_dev` (the name the step's
-    weights record it under)."""
+    step's. A lagged step (`max_policy_lag` > 0) is checked the same when the trainer `recomputed`
+    the behavior weights' log-probabilities (`grpo.mismatch`), and otherwise reported, not checked:
+    its difference is the lag's drift. The check's value is `max_dev`, shown as `logp_max_dev` (the
+    name the step's weights record it under)."""
     if max_dev is None or mean_dev is None or not (math.isfinite(max_dev) and math.isfinite(mean_dev)):
         return CheckOutcome(
             name="on_policy", passed=False, value=float("nan"), measure=ON_POLICY_MEASURE,
             message=f"the trainer reported no finite difference of log-probabilities ({max_dev}, {mean_dev}): retrain the step",
         )  # fmt: skip
     measured = f"max |logp_trainer - logp_sampler| over the sampled tokens {max_dev:.3g}, mean {mean_dev:+.2g}"
-    if behavior_version != trained_version:
+    if behavior_version != trained_version and not recomputed:
         message = (
             f"not checked: the rollouts' behavior policy v{behavior_version} is not the trained policy v{trained_version} "
             f"(max_policy_lag); {measured} are the lag's drift"
         )
         return CheckOutcome(name="on_policy", passed=True, message=message, value=max_dev, measure=ON_POLICY_MEASURE)
+    if behavior_version != trained_version:
+        measured += f" (the trainer's recomputed with the behavior weights v{behavior_version})"
     max_abs, mean_abs = tolerance
     bounds = f"(bounds {max_abs:g} and {mean_abs:g}, {dtype})"
     if max_dev <= max_abs and abs(mean_dev) <= mean_abs:

@@ -17,6 +17,9 @@ from dagster_rl.runtime.pods import PodResources
 
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ADVANTAGE_EPS = "added to a group's reward std before dividing: advantage = (r - mean) / (std + eps)"  # a field description
+# The key of the validation context that holds the folder an experiment file was read from (`experiment_files`):
+# settings that name a file beside the experiment (a reward function, a data file) resolve it there.
+EXPERIMENTS_FOLDER = "experiments_folder"
 MAX_TRIALS_PER_STEP = 65_536  # planned work a step may hold: prompts_per_step x n_samples (see `dagster_rl.core.bounds`)
 
 
@@ -33,6 +36,13 @@ class Faults(Strict):
     judge_flake_rate: float = Field(0.0, ge=0.0, lt=1.0, description="chance that a judgement's first attempt fails (seeded)")
     step_delay_s: float = Field(
         0.0, ge=0.0, le=600.0, description="sleep before each step's update (computed steps only): a slow step to kill"
+    )
+    generation_delay_s: float = Field(
+        0.0,
+        ge=0.0,
+        le=600.0,
+        description="language models: sleep before a step's trials generate (only when some are to be generated): "
+        "rollouts in flight long enough to be killed half-done",
     )
 
 
@@ -96,16 +106,11 @@ class Experiment(Strict):
         None, description="on Kubernetes (k8s_job_executor): what the driver's step pod needs (and in-process rollouts)"
     )
     _fork_root: str | None = PrivateAttr(None)  # set by `experiment_files` when it resolves a chain of forks
-    _folder: str | None = PrivateAttr(None)  # the experiments folder it was read from (set by `experiment_files`)
-
-    @property
-    def folder(self) -> Path | None:
-        """The experiments folder this experiment was read from (where its plugin files are), if any."""
-        return Path(self._folder) if self._folder else None
+    _folder: Path | None = PrivateAttr(None)  # set by `experiment_files`: the folder the file was read from
 
     def plugin_files(self) -> tuple[tuple[str, str | None], ...]:
         """Its plugins as another process imports them: (reference, the experiments folder) each."""
-        return tuple((p, self._folder) for p in self.plugins)
+        return tuple((p, str(self._folder) if self._folder else None) for p in self.plugins)
 
     @field_validator("plugins")
     @classmethod
@@ -145,6 +150,17 @@ class Experiment(Strict):
     def max_reward(self) -> float:
         """The top of the reward scale: each task's rubric says it."""
         return self.rubric.max_reward
+
+    @property
+    def min_reward(self) -> float:
+        """The bottom of the reward scale: 0, unless the task says otherwise (a rubric of reward functions)."""
+        return 0.0
+
+    @property
+    def folder(self) -> Path | None:
+        """The experiments folder the file was read from (None: built in code); a setting that names a
+        file beside the experiment resolves it there."""
+        return self._folder
 
     def backends(self) -> dict[str, str]:
         """The backend this experiment runs in the rollout and trainer environments, by name."""

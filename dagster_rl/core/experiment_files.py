@@ -30,7 +30,7 @@ import yaml
 from pydantic import ValidationError
 
 from dagster_rl.core.errors import ExperimentError
-from dagster_rl.core.experiment import Experiment
+from dagster_rl.core.experiment import EXPERIMENTS_FOLDER, Experiment
 from dagster_rl.core.plugins import PluginError, import_plugins
 from dagster_rl.core.task import task_of
 
@@ -150,10 +150,11 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def parse_experiment(raw: dict[str, Any], folder: Path | None = None) -> Experiment:
     """Import the settings' `plugins` (a file among them is read from `folder`, the experiments
     folder), then validate the settings against the experiment class of their `task.kind`: a task
-    kind or text environment that a plugin registers is known by then."""
+    kind or text environment that a plugin registers is known by then; a setting that names a file
+    beside it (`file.py:function`, a data file) finds it in `folder` (the experiment's `folder`)."""
     import_plugins(raw.get("plugins"), folder)
-    exp = task_of(_kind_of(raw)).experiment.model_validate(raw)
-    exp._folder = str(folder) if folder is not None else None
+    exp = task_of(_kind_of(raw)).experiment.model_validate(raw, context={EXPERIMENTS_FOLDER: folder})
+    exp._folder = folder
     return exp
 
 
@@ -163,9 +164,7 @@ def _validate(path: Path, raw: dict[str, Any]) -> Experiment:
     except PluginError as e:
         raise ExperimentError(_plugin_error(path, e)) from None
     except ValidationError as e:
-        problems = "; ".join(
-            f"field '{'.'.join(str(p) for p in err['loc']) or '<root>'}': {err['msg']}{_got(err)}" for err in e.errors()
-        )
+        problems = "; ".join(f"field '{_field(err['loc'], raw) or '<root>'}': {err['msg']}{_got(err)}" for err in e.errors())
         raise ExperimentError(f"{path}: invalid experiment: {problems}") from None
     except ValueError as e:
         raise ExperimentError(f"{path}: invalid experiment: field 'task.kind': {e}") from None
@@ -176,6 +175,28 @@ def _plugin_error(path: Path, error: PluginError) -> str:
 
 
 BOUNDS = ("less_than_equal", "less_than", "greater_than_equal", "greater_than")
+
+
+def _field(loc: tuple, raw: Any) -> str:
+    """An error's place as the file names it: `rubric.accuracy`, without the tag pydantic adds for the
+    member of a union it validated (`rubric.builtin.accuracy`): a step that is the mapping's `kind` there,
+    or no key of it with a step after it, is a tag."""
+    names, node, tagged = [], raw, False
+    for i, step in enumerate(loc):
+        mapping = isinstance(node, dict) and isinstance(step, str)
+        tag = mapping and (node.get("kind") == step or (step not in node and i < len(loc) - 1))
+        if tag and not tagged:
+            tagged = True  # one tag at most per mapping: the next step is its field (which may be named as the tag)
+            continue
+        names.append(str(step))
+        tagged = False
+        if isinstance(node, dict):
+            node = node.get(step)
+        elif isinstance(node, list) and isinstance(step, int) and 0 <= step < len(node):
+            node = node[step]
+        else:
+            node = None
+    return ".".join(names)
 
 
 def _got(err: Any) -> str:

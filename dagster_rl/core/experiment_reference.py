@@ -76,7 +76,9 @@ rate computes its own weights from step 0. A range of a fork may start from weig
 trained. An experiment that merely has the same settings under another name, without `fork_of`, is
 its own family and trains its own weights. Settings in no key: `name`, `description`, `fork_of`,
 `plugins`, `n_steps`, `faults`, `checks`, `driver_pod`, and for language models `generation_threads`,
-`trainer` (but its world size) and `rollout` (but its engine, which is in the rollouts' key).
+`trainer` (but its world size), `rollout` (but its engine, which is in the rollouts' key) and a
+reward function's `timeout_s`; a reward function's file is in the keys of what it scores by its
+bytes, not its path.
 """
 
 
@@ -229,6 +231,9 @@ def reference() -> str:
             done.add(sub)
             section(sub, "###")
             queue.extend(m for f in _own_fields(sub).values() for m in _submodels(f.annotation))
+            parent = _parent(sub)  # a section that extends another: that one's fields are documented too
+            if parent is not None and not issubclass(parent, Experiment):
+                queue.append(parent)
 
     out.append("## Every experiment\n")
     section(Experiment, "###")

@@ -45,7 +45,7 @@ class Rewards(Record, Generic[R]):
     step: int
     rollouts_key: str
     rollouts_hash: str
-    rubric: dict[str, str | float]
+    rubric: dict[str, Any]  # the rubric's settings (a rubric of reward functions holds a list of them)
     rewards: list[R]  # sorted by trial id
     skipped: list[str]  # trials not generated, or whose judging failed after its retries
 

@@ -5,4 +5,5 @@ one call, pods and their Kubernetes manifests.
     workers        workers a backend holds across calls, and how a launcher keeps them
     pods           what a set of pods needs and runs (`PodJob`), the launcher protocol
     k8s_manifests  the Indexed Job and headless Service of a `PodJob`
+    function_workers  worker processes that call code we do not control, killed past a call's deadline
 """

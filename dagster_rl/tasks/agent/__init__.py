@@ -7,6 +7,8 @@ One idea per module:
     environment  the text-environment protocol, and environments registered by name
     text_world   `secret_search` as a text environment (clue, titles, `open`, `next`, `answer`)
     python_tool  `python_tool`: questions one line of Python answers, and a Python tool run in the sandbox
+    textarena_settings  the `textarena` environment's settings: the games verified offline, their options (no textarena import)
+    textarena_game  `textarena`: a single-player textarena game (GuessTheNumber, TowerOfHanoi), seeded by its world
     trial_sandbox  what an environment gets for one trial: its own folder, and a sandbox for its programs
     environment_process  one trial's environment in a process of its own, each call timed alone
     environment_host  the process that forks the environments' processes

@@ -119,6 +119,7 @@ class EnvironmentSpec(Generic[S]):
 BUILTIN_ENVIRONMENTS = {
     "secret_search": "dagster_rl.tasks.agent.text_world",
     "python_tool": "dagster_rl.tasks.agent.python_tool",
+    "textarena": "dagster_rl.tasks.agent.textarena_game",
 }
 _REGISTERED: dict[str, EnvironmentSpec] = {}
 _REGISTERED_BY: dict[str, str] = {}

@@ -95,7 +95,7 @@ class EnvironmentProcess:
         sandboxes: Sandboxes | None,
         label: str,
         max_observation_chars: int,
-        seconds_left,
+        seconds_left: Callable[[], float],
         plugins: tuple[tuple[str, str | None], ...] = (),
     ):
         self.spec, self.label, self.seconds_left = spec, label, seconds_left
@@ -103,7 +103,11 @@ class EnvironmentProcess:
         args = (spec.name, settings.model_dump_json(), world, seed, folder, sandboxes, label, max_observation_chars, identity())
         self.pid, sock = Host.get().fork(f"{__name__}:serve", preload, args)
         self._conn = Connection(sock.detach())
-        self._call("made")
+        try:
+            self._call("made")
+        except BaseException:
+            self.kill()  # an environment that could not be made leaves no process behind
+            raise
 
     def reset(self) -> Returned:
         return self._call("reset")

@@ -18,6 +18,7 @@ from dagster_rl.core.strict import Strict
 from dagster_rl.tasks.agent.environment import EnvironmentSettings, World, environment_of
 from dagster_rl.tasks.agent.judge import AgentRubric
 from dagster_rl.tasks.agent.text_world import SecretSearchTextSettings
+from dagster_rl.tasks.agent.textarena_settings import TextArenaSettings
 from dagster_rl.tasks.lm.experiment import LMExperiment, engine_cache_inputs
 from dagster_rl.tasks.lm.settings import SamplingSettings
 
@@ -56,9 +57,9 @@ class EpisodeSettings(Strict):
 
 class TextAgentTask(Strict):
     kind: Literal["text_agent"] = Field("text_agent", description="the task kind: selects the experiment class")
-    environment: SerializeAsAny[SecretSearchTextSettings | EnvironmentSettings] = Field(
-        description="the text environment: `name` (secret_search, or a registered plugin's) and its settings, which "
-        "that environment's settings class validates"
+    environment: SerializeAsAny[SecretSearchTextSettings | TextArenaSettings | EnvironmentSettings] = Field(
+        description="the text environment: `name` (secret_search, python_tool, textarena, or a registered plugin's) and "
+        "its settings, which that environment's settings class validates"
     )
     episode: EpisodeSettings = Field(EpisodeSettings(), description="turn budget, per-turn token budget, per-trial timeout")
     n_eval: int = Field(64, ge=1, le=bounds.MAX_HELDOUT_PROMPTS, description="held-out worlds of the greedy evaluation")

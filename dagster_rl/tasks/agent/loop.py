@@ -289,9 +289,9 @@ class AgentLoop(LMLoop):
             **self.program_inputs(exp),
         )
 
-    def _train(self, exp, step, previous, gen, store, backends, reference):
+    def _train(self, exp, step, previous, gen, store, backends, reference, behavior=None):
         """The language-model update over the trajectories, with the episodes' turns in the step's metrics."""
-        result, weights = super()._train(exp, step, previous, gen, store, backends, reference)
+        result, weights = super()._train(exp, step, previous, gen, store, backends, reference, behavior)
         used = {r.trial_id: r for r in gen.rewards.rewards}
         sampled = [float(sum(t.completion_mask)) for t in gen.rollouts.trajectories if t.trial_id in used]
         metrics = {

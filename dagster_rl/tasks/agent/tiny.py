@@ -10,14 +10,14 @@ digest is one token per character, in the observation and in the answer alike.
 from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
 from dagster_rl.tasks.agent.text_world import TITLES, VERBS
-from dagster_rl.tasks.lm.model.tiny import CHAT_TEMPLATE, DIGITS, IM_END, IM_START, PAD, _bpe
+from dagster_rl.tasks.lm.model.tokenizers import CHAT_TEMPLATE, DIGITS, IM_END, IM_START, PAD, bpe, qwen2_tokenizer
 
 
 def agent_tokenizer() -> Qwen2Tokenizer:
     words = [*TITLES, *VERBS, "user", "assistant", "system"]
     corpus = [*words, *(f" {w}" for w in words), *DIGITS, *"ABCDEF", " ", "\n", ":", " :"]
-    vocab, merges = _bpe(corpus, [PAD, IM_START, IM_END], byte_alphabet=True)
-    tok = Qwen2Tokenizer(vocab=vocab, merges=merges, eos_token=IM_END, pad_token=PAD, unk_token=None)  # type: ignore[arg-type]
+    vocab, merges = bpe(corpus, [PAD, IM_START, IM_END], byte_alphabet=True)
+    tok = qwen2_tokenizer(vocab, merges, eos=IM_END, pad=PAD)
     tok.add_special_tokens({"additional_special_tokens": [IM_START]})
     tok.chat_template = CHAT_TEMPLATE
     return tok

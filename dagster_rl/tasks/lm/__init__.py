@@ -5,7 +5,10 @@ imports Dagster.
     experiment   its settings (task, policy, sampling, rubric, GRPO, trainer)
     settings     LoRA, sampling, GRPO and warm-up settings
     records      the trials' requests, planned, and the rollouts they produce
-    rewards      verifier + rubric: accuracy and format
+    rewards      verifier + rubric: accuracy, format and reward functions; the step's scorer
+    verifiers    how an answer is checked: the number rule, math-verify, a reasoning-gym scorer
+    verify_math  math-verify, as a worker process calls it
+    reward_functions  a rubric's reward functions, called as TRL calls them, in worker processes
     grading      the LLM judge's prompt and reward for a completion
     evaluation   greedy accuracy on the held-out prompts
     backend_protocols  what the loop calls on its rollout and trainer backends

@@ -46,7 +46,9 @@ class LMTrainerBackend(TrainerBackend, Protocol):
         rewards: list[LMReward],
         reference: Checkpoint | None = None,
         old_logp: OldLogp = "sampler",
+        behavior: Checkpoint | None = None,
     ) -> tuple[Checkpoint, TrainMetrics]:
         """One update from `previous`; `reference`: the KL term's reference adapter (None: the base);
-        `old_logp`: the ratio's old policy (`dagster_rl.tasks.lm.train.trainer.train_step`)."""
+        `old_logp`: the ratio's old policy (`dagster_rl.tasks.lm.train.trainer.train_step`);
+        `behavior`: the weights that sampled stale rollouts, for `grpo.mismatch` (None: not needed)."""
         ...

@@ -189,6 +189,16 @@ class SessionSlot:
             current.close(grace_s)
 
 
+def _behavior_inputs(behavior: dict[str, bytes] | None, folder: Path) -> dict[str, str]:
+    """A job's behavior checkpoint (written into the step's folder) and its hash; nothing without one."""
+    if behavior is None:
+        return {}
+    return {
+        "behavior_checkpoint": str(save_checkpoint(folder / "behavior", behavior)),
+        "behavior_hash": checkpoint_hash(behavior),
+    }
+
+
 @dataclass(frozen=True)
 class LMTrainer:
     """One GRPO update through the trainer entrypoint: in this process when neither `launch` nor
@@ -219,9 +229,11 @@ class LMTrainer:
         rewards: list[LMReward],
         reference: dict[str, bytes] | None = None,
         old_logp: OldLogp = "sampler",
+        behavior: dict[str, bytes] | None = None,
     ) -> tuple[dict[str, bytes], TrainMetrics]:
         """One update from `previous`; `reference`: the KL term's reference adapter (None: the base);
-        `old_logp`: the ratio's old policy (`lm.trainer.train_step`)."""
+        `old_logp`: the ratio's old policy (`lm.trainer.train_step`); `behavior`: the weights that
+        sampled stale rollouts, whose log-probs the trainer recomputes (`grpo.mismatch`)."""
         if self.workdir is not None:
             self.workdir.mkdir(parents=True, exist_ok=True)
         step = rollouts[0].step if rollouts else 0
@@ -230,10 +242,12 @@ class LMTrainer:
             counters.bump("train_calls")
             start = time.perf_counter()
             if self.in_session(exp):
-                files, metrics, timings = self._in_session(exp, step, previous, rollouts, rewards, reference, old_logp)
+                files, metrics, timings = self._in_session(exp, step, previous, rollouts, rewards, reference, old_logp, behavior)
             else:
                 with tempfile.TemporaryDirectory(prefix="dagster-rl-train-", dir=self.workdir) as tmp:
-                    files, metrics, timings = self._run(exp, step, previous, rollouts, rewards, reference, old_logp, Path(tmp))
+                    files, metrics, timings = self._run(
+                        exp, step, previous, rollouts, rewards, reference, old_logp, behavior, Path(tmp)
+                    )
             self.log.append({"wall_s": time.perf_counter() - start, **timings})
             return files, metrics
 
@@ -258,7 +272,7 @@ class LMTrainer:
         )
 
     def _run(
-        self, exp, step, previous, rollouts, rewards, reference, old_logp, tmp: Path
+        self, exp, step, previous, rollouts, rewards, reference, old_logp, behavior, tmp: Path
     ) -> tuple[dict[str, bytes], TrainMetrics, dict[str, float]]:
         (tmp / "batch.json").write_text(TrainBatch(rollouts=rollouts, rewards=rewards).model_dump_json())
         job = self._job(
@@ -270,6 +284,7 @@ class LMTrainer:
             input_hash=checkpoint_hash(previous),
             reference_checkpoint=str(save_checkpoint(tmp / "reference", reference)) if reference is not None else None,
             old_logp=old_logp,
+            **_behavior_inputs(behavior, tmp),
         )
         job_path = write_job(job, tmp / "job.json")
         if self.pods is not None:
@@ -291,15 +306,15 @@ class LMTrainer:
 
     # ---- a session for the range ----------------------------------------------------------------
     def _in_session(
-        self, exp, step, previous, rollouts, rewards, reference, old_logp
+        self, exp, step, previous, rollouts, rewards, reference, old_logp, behavior
     ) -> tuple[dict[str, bytes], TrainMetrics, dict[str, float]]:
         try:
-            return self._hand_over(exp, step, previous, rollouts, rewards, reference, old_logp)
+            return self._hand_over(exp, step, previous, rollouts, rewards, reference, old_logp, behavior)
         except SessionEnded:  # its workers stopped, idle, just before this step came: new ones take it
-            return self._hand_over(exp, step, previous, rollouts, rewards, reference, old_logp)
+            return self._hand_over(exp, step, previous, rollouts, rewards, reference, old_logp, behavior)
 
     def _hand_over(
-        self, exp, step, previous, rollouts, rewards, reference, old_logp
+        self, exp, step, previous, rollouts, rewards, reference, old_logp, behavior
     ) -> tuple[dict[str, bytes], TrainMetrics, dict[str, float]]:
         """The step, through the range's session (opened now when there is none)."""
         try:
@@ -318,6 +333,7 @@ class LMTrainer:
                 reference_checkpoint=str(ref_dir) if ref_dir is not None else None,
                 reference_hash=ref_hash,
                 old_logp=old_logp,
+                **_behavior_inputs(behavior, directory),
             )
             files, answer = session.run(
                 seq, job.model_dump_json(), directory / "output" / CHECKPOINT_DIR, self._step_timeout(exp)

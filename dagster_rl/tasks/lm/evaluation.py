@@ -1,10 +1,22 @@
-"""Held-out evaluation of a policy: greedy completions of the eval split, scored by the rubric."""
+"""Held-out evaluation of a policy: greedy completions of the eval split, scored by the rubric.
+
+`accuracy` is the mean of the verifier's scores (the fraction answered right; a reasoning-gym
+dataset's partial credit counts as it scores), `mean_reward` the mean of the rubric's rewards, the
+reward functions' included. A reward function or verifier that fails on a held-out answer (after
+`RETRIES` more tries) fails the evaluation, naming it: never a score of 0.
+"""
+
+from concurrent.futures import ThreadPoolExecutor
 
 from dagster_rl.core.records import Record
-from dagster_rl.tasks.lm.data.prompts import PromptSet
+from dagster_rl.core.retries import with_retries
+from dagster_rl.tasks.lm.data.prompts import PromptItem, PromptSet
 from dagster_rl.tasks.lm.model.policy import Policy
-from dagster_rl.tasks.lm.rewards import LMRubric, score_text
-from dagster_rl.tasks.lm.rollout.hf import greedy_completions
+from dagster_rl.tasks.lm.rewards import LMRubric, Scored, Scorer
+from dagster_rl.tasks.lm.rollout.hf import greedy_generations
+from dagster_rl.tasks.lm.verifiers import Verifier
+
+RETRIES = 2  # as the judge environment's default: a call that timed out under load may pass the next time
 
 
 class Evaluation(Record):
@@ -18,15 +30,30 @@ class Evaluation(Record):
     answers: dict[str, str] = {}
 
 
-def evaluate(policy: Policy, prompt_set: PromptSet, rubric: LMRubric, max_new_tokens: int, weights_hash: str = "") -> Evaluation:
-    texts = greedy_completions(policy, prompt_set.eval, prompt_set.template, max_new_tokens)
-    scored = [score_text(t, it.reference, rubric) for t, it in zip(texts, prompt_set.eval, strict=True)]
-    correct = [a is not None and a == it.reference for (a, _), it in zip(scored, prompt_set.eval, strict=True)]
-    n = len(texts)
+def evaluate(
+    policy: Policy, prompt_set: PromptSet, scorer: Scorer | LMRubric, max_new_tokens: int, weights_hash: str = ""
+) -> Evaluation:
+    """`scorer`: the experiment's (`rewards.scorer_of`), or a built-in rubric (the number rule)."""
+    if not isinstance(scorer, Scorer):
+        scorer = Scorer(scorer, Verifier("number"), ())
+    generated = greedy_generations(policy, prompt_set.eval, prompt_set.template, max_new_tokens)
+
+    def one(item: PromptItem, text: str, ids: list[int]) -> Scored:
+        what = f"scoring the greedy answer to held-out prompt {item.id}"
+        return with_retries(what, lambda _: scorer.score(f"eval:{item.id}", item, item.reference, text, ids), RETRIES, 1e9)
+
+    work = [(it, text, ids) for it, (text, ids) in zip(prompt_set.eval, generated, strict=True)]
+    workers = scorer.workers()
+    if workers is None:
+        scored = [one(*w) for w in work]
+    else:  # each answer waits on a worker process: as many at once as there are workers
+        with ThreadPoolExecutor(workers.size, "evaluate-score") as pool:
+            scored = list(pool.map(lambda w: one(*w), work))
+    n = len(scored)
     return Evaluation(
         weights_hash=weights_hash,
         n=n,
-        accuracy=sum(correct) / n if n else 0.0,
-        mean_reward=sum(sum(c.values()) for _, c in scored) / n if n else 0.0,
-        answers={it.id: t for it, t in zip(prompt_set.eval, texts, strict=True)},
+        accuracy=sum(s.score for s in scored) / n if n else 0.0,
+        mean_reward=sum(s.reward for s in scored) / n if n else 0.0,
+        answers={it.id: text for it, (text, _) in zip(prompt_set.eval, generated, strict=True)},
     )

@@ -1,15 +1,26 @@
 """The language-model experiment: GRPO over a LoRA adapter on prompts with verifiable answers."""
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from dagster_rl.core import bounds
 from dagster_rl.core.experiment import Checks, Experiment
 from dagster_rl.core.strict import Strict
 from dagster_rl.runtime.pods import PodResources
-from dagster_rl.tasks.lm.data.prompts import PromptSource, SyntheticPrompts
-from dagster_rl.tasks.lm.settings import GRPOLMSettings, LMRubric, PolicySettings, SamplingSettings, WarmupSettings
+from dagster_rl.tasks.lm.data.gym import ReasoningGymPrompts
+from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts
+from dagster_rl.tasks.lm.data.sources import PromptSource
+from dagster_rl.tasks.lm.settings import (
+    FunctionsRubric,
+    GRPOLMSettings,
+    LMRubric,
+    PolicySettings,
+    Rubric,
+    RubricTerms,
+    SamplingSettings,
+    WarmupSettings,
+)
 
 
 class VerifiablePromptsTask(Strict):
@@ -135,7 +146,11 @@ class LMExperiment(Experiment):
     task: VerifiablePromptsTask = Field(description="the prompts, their held-out split and the evaluation's length")
     policy: PolicySettings = Field(description="the base model and the LoRA adapter that is trained")
     sampling: SamplingSettings = Field(SamplingSettings(), description="how rollouts are sampled")
-    rubric: LMRubric = Field(LMRubric(), description="the reward: accuracy, and the answer's form")
+    rubric: Rubric = Field(
+        LMRubric(),
+        description="the reward: accuracy, the answer's form and (`kind: functions`) reward functions of your own; "
+        "`kind` left out: the built-in rubric",
+    )
     grpo: GRPOLMSettings = Field(GRPOLMSettings(), description="the GRPO update: clipped ratio, KL, AdamW")
     rollout: LMRolloutSettings = Field(
         LMRolloutSettings(), description="where rollouts are generated; the engine is in the rollouts' cache key"
@@ -145,14 +160,35 @@ class LMExperiment(Experiment):
         LMTrainerSettings(), description="where the update runs; only its world size is in a cache key"
     )
     warmup: WarmupSettings | None = Field(None, description="supervised warm-up of the adapter before step 0 (`<exp>/sft`)")
-    max_policy_lag: Literal[0, 1] = Field(
-        0, description="1: generate step k+1 with the weights of step k-1 while step k trains (the clipped ratio corrects)"
+    max_policy_lag: int = Field(
+        0,
+        ge=0,
+        le=bounds.MAX_POLICY_LAG,
+        description="k: step n is sampled by the weights of step n-1-k (the initial ones for n <= k), so the sampler runs "
+        "up to k steps ahead of the trainer; 0: on-policy. The loss corrects with the clipped ratio, and with "
+        "`grpo.decoupled` and `grpo.mismatch` when set (docs/async-rl.md)",
     )
     generation_threads: int = Field(
         1, ge=1, le=bounds.MAX_THREADS, description="torch threads of generation in the driver process"
     )
 
     NOT_TRAINING = Experiment.NOT_TRAINING | {"generation_threads", "trainer", "rollout"}
+    _scorer: Any = PrivateAttr(None)  # a step's scorer, made once (`rewards.pinned`): the key it names is what it scores
+
+    @model_validator(mode="after")
+    def _one_answer_check(self) -> "LMExperiment":
+        source, rubric = getattr(self.task, "source", None), self.rubric  # (the agent's experiment has neither)
+        if isinstance(source, ReasoningGymPrompts) and isinstance(rubric, RubricTerms) and rubric.answer_rule != "number":
+            raise ValueError(
+                f"rubric.answer_rule: {rubric.answer_rule} with a reasoning_gym source: its answers are scored by the "
+                "dataset's own score_answer; leave answer_rule out"
+            )
+        return self
+
+    @property
+    def min_reward(self) -> float:
+        """A rubric of reward functions has no bottom but finite numbers; the built-in one's is 0."""
+        return self.rubric.min_reward if isinstance(self.rubric, FunctionsRubric) else 0.0
 
     @model_validator(mode="after")
     def _reference_exists(self) -> "LMExperiment":
@@ -165,13 +201,15 @@ class LMExperiment(Experiment):
     @model_validator(mode="after")
     def _tokens_fit_the_driver(self) -> "LMExperiment":
         """Sizes multiply: the tokens a step samples, and an evaluation's, live whole in the driver."""
-        sampled = self.n_trials_planned * self.sampling.max_new_tokens
+        held = self.max_policy_lag + 1  # the step that trains, and the steps generated ahead of it
+        sampled = self.n_trials_planned * self.sampling.max_new_tokens * held
         if sampled > bounds.MAX_TOKENS_PER_STEP:
             raise ValueError(
-                f"prompts_per_step x n_samples x sampling.max_new_tokens = {self.prompts_per_step} x {self.n_samples} x "
-                f"{self.sampling.max_new_tokens} = {sampled} tokens a step may sample, more than {bounds.MAX_TOKENS_PER_STEP} "
-                f"(a step's rollouts are held whole by the driver, ~{bounds.BYTES_PER_SAMPLED_TOKEN} bytes a token; see "
-                "dagster_rl.core.bounds): fewer trials or fewer tokens"
+                f"prompts_per_step x n_samples x sampling.max_new_tokens x (max_policy_lag + 1) = {self.prompts_per_step} x "
+                f"{self.n_samples} x {self.sampling.max_new_tokens} x {held} = {sampled} tokens the driver may hold, more "
+                f"than {bounds.MAX_TOKENS_PER_STEP} (a step's rollouts are held whole by the driver, "
+                f"~{bounds.BYTES_PER_SAMPLED_TOKEN} bytes a token, and at a lag the steps generated ahead too; see "
+                "dagster_rl.core.bounds): fewer trials, fewer tokens or a smaller lag"
             )
         evaluated = self.task.source.n_eval * self.eval_max_new_tokens
         if evaluated > bounds.MAX_TOKENS_PER_STEP:

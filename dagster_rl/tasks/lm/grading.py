@@ -8,15 +8,14 @@ reasoning shown and the final answer given as the rubric's `format_rule` asks), 
     reward = accuracy * [answer == reference] + format * grade
 
 The question is looked up by the rollout's prompt id in its experiment's prompt set, so the
-rollouts store nothing for the judge that they did not store before.
+rollouts store nothing for the judge that they did not store before. A rubric's reward functions
+(`kind: functions`) add their terms as they do without the LLM judge.
 """
 
-from functools import lru_cache
-
-from dagster_rl.tasks.lm.data.prompts import GSM8KPrompts, PromptItem, SyntheticPrompts, load_prompt_set
+from dagster_rl.tasks.lm.data.prompts import items_by_id
 from dagster_rl.tasks.lm.experiment import LMExperiment
 from dagster_rl.tasks.lm.records import LMRollout
-from dagster_rl.tasks.lm.rewards import LMReward, score
+from dagster_rl.tasks.lm.rewards import LMReward, score_rollout
 
 FORMS = {
     "ends_with_number": "the answer ends with the final number, nothing after it but a period",
@@ -30,17 +29,11 @@ SYSTEM_PROMPT = (
 )
 
 
-@lru_cache(maxsize=16)
-def _questions(source: SyntheticPrompts | GSM8KPrompts) -> dict[str, PromptItem]:
-    ps = load_prompt_set(source)
-    return {it.id: it for it in [*ps.train, *ps.eval]}
-
-
 class LMGrading:
     prompt_version = "lm-judge-prompt-1"
 
     def messages(self, exp: LMExperiment, rollout: LMRollout) -> list[dict[str, str]]:
-        item = _questions(exp.task.source).get(rollout.prompt_id)
+        item = items_by_id(exp.task.source, exp.seed).get(rollout.prompt_id)
         if item is None:
             raise ValueError(
                 f"rollout {rollout.trial_id} answers prompt {rollout.prompt_id}, which is not in experiment {exp.name}'s "
@@ -59,9 +52,10 @@ class LMGrading:
         ]
 
     def reward(self, exp: LMExperiment, rollout: LMRollout, grade: float) -> LMReward:
-        """The verifier's accuracy, plus the LLM's grade in [0, 1] scaled by the rubric's format weight."""
-        verified = score(rollout, exp.rubric)
-        components = {"accuracy": verified.components["accuracy"], "llm": grade}
-        return verified.model_copy(
-            update={"components": components, "reward": components["accuracy"] + exp.rubric.format * grade}
-        )
+        """The verifier's accuracy, plus the LLM's grade in [0, 1] scaled by the rubric's format weight, plus
+        the reward functions' terms."""
+        verified = score_rollout(exp, rollout)
+        functions = {k: v for k, v in verified.components.items() if k not in ("accuracy", "format")}
+        components = {"accuracy": verified.components["accuracy"], "llm": grade, **functions}
+        reward = components["accuracy"] + exp.rubric.format * grade + sum(functions.values())
+        return verified.model_copy(update={"components": components, "reward": reward})

@@ -1,9 +1,14 @@
 """The language-model loop: generate, judge, train, evaluate, cached by content.
 
-With `max_policy_lag: 1` generation of step k+1 (with the weights of step k-1) runs in a thread
-while step k trains; the loss's clipped importance ratio against the recorded sampling
-log-probabilities corrects for the stale behavior policy. Held-out evaluation of step k runs in
-another thread and is awaited after step k+1 trains.
+With `max_policy_lag: k` step n is sampled by the weights of step n-1-k (`behavior_step`; the
+initial weights for n <= k): a thread generates the steps in order, each as soon as its behavior
+weights exist, so up to k steps are generated (or wait, generated) while step n trains. The loss
+corrects for the stale behavior policy with its clipped importance ratio, and with the corrections
+of `grpo.decoupled` and `grpo.mismatch` when set (`lm.train.corrections`). Every step's rollouts are
+stored as they are generated, keyed by the weights that sampled them: a range that stops (a crash, a
+kill) and resumes walks back to the weights its first steps are sampled by, finds the rollouts of the
+steps generated ahead in the store, and generates the others again, to the same bytes. Held-out
+evaluation of step k runs in another thread and is awaited after step k+1 trains.
 
 With a `warmup` section, step 0 starts from the supervised warm-up's adapter
 (`dagster_rl.tasks.lm.weights`, the `<exp>/sft` asset), stored under a key of everything it depends on; with `grpo.kl_reference: sft`
@@ -11,8 +16,9 @@ the KL term's reference is that adapter, else the original base.
 
 Every step reports its `on_policy` check: where the behavior policy is the trained policy, the
 trainer's log-probability of each sampled token must equal the sampler's within the dtype's
-tolerance. A step that fails it has its rollouts moved aside (and, pipelined, those of the step
-generated a step ahead by the same sampler), so that a re-run after the fix samples them again.
+tolerance, and so must the trainer's recomputation of the behavior weights' (at a lag, with
+`grpo.mismatch`). A step that fails it has its rollouts moved aside (and those of the steps generated
+ahead by the same sampler), so that a re-run after the fix samples them again.
 
 A step's generation and judging are `step_generation`'s, its held-out evaluation
 `step_evaluation`'s; this module pipelines them around the update it trains.
@@ -44,6 +50,17 @@ from dagster_rl.tasks.lm.step_evaluation import evaluate_step
 from dagster_rl.tasks.lm.step_generation import Generated, LMBackends, discard_rollouts, generate_step
 from dagster_rl.tasks.lm.weights import base_weights, checkpoint_of, stored_weights, warmup_result, warmup_weights
 
+CORRECTION_METRICS = ("mismatch_capped_frac", "mismatch_weight", "decoupled_masked_frac", "decoupled_weight")
+
+
+def behavior_step(step: int, lag: int) -> int:
+    """The step whose trained weights sample step `step` at `max_policy_lag: lag`: step - 1 - lag, the
+    newest weights at most `lag` steps older than those step `step` trains from, or -1 (the weights
+    the experiment starts from) for its first lag + 1 steps. A function of the experiment alone, so a
+    resumed range samples every step with the weights an uninterrupted one did, and finds the
+    rollouts that range stored before it stopped."""
+    return max(step - 1 - lag, -1)
+
 
 class LMTrainStats(TrainedFrom):
     version: int
@@ -56,6 +73,19 @@ def adapter_finite(checkpoint: Checkpoint) -> CheckOutcome:
     bad = sorted(name for name, t in tensors.items() if t.is_floating_point() and not bool(t.isfinite().all()))
     message = f"all {len(tensors)} tensors finite" if not bad else f"non-finite values in {bad[:5]}"
     return weights_finite(len(bad), message)
+
+
+def function_means(rewards: list) -> dict[str, float]:
+    """`reward_<name>`: the mean of each reward function's values (as it returned them, unweighted) over
+    the step's trials it had an opinion on, as TRL logs `rewards/<name>/mean`; none where it had none
+    (nor for a task whose rewards have no functions: the agent's, which trains through this loop)."""
+    by_trial = [getattr(r, "functions", {}) for r in rewards]
+    means = {}
+    for name in dict.fromkeys(name for functions in by_trial for name in functions):
+        values = [v for functions in by_trial if (v := functions.get(name)) is not None]
+        if values:
+            means[f"reward_{name}"] = mean(values)
+    return means
 
 
 def _passed(result: StepResult, check: str) -> bool:
@@ -76,8 +106,8 @@ class LMLoop:
         return stored_weights(partition, store.ref("weights", key), store.get_all("weights", key))
 
     def _trained_from(self, exp: Exp, store: ArtifactStore, weights: Weights[Checkpoint], step: int) -> Weights[Checkpoint]:
-        """The weights that step `step + 1`'s weights (`weights`) were trained from: the behavior
-        policy of a lagged step. Step -1's are the initial weights."""
+        """The weights that step `step + 1`'s weights (`weights`) were trained from, step `step`'s:
+        the behavior policy of a lagged step. Step -1's are the initial weights."""
         if step < 0:
             return self.initial_weights(exp, store)
         stats = LMTrainStats.model_validate_json(store.get("weights", weights.ref.key, STATS))
@@ -85,7 +115,7 @@ class LMLoop:
 
     def prompt_set(self, exp: Exp) -> PromptSet:
         """What a step's prompts and the held-out ones are drawn from."""
-        return load_prompt_set(exp.task.source)
+        return load_prompt_set(exp.task.source, exp.seed)
 
     def generate(
         self,
@@ -119,38 +149,48 @@ class LMLoop:
     ) -> Iterator[StepResult | StepAsset]:
         prompts = self.prompt_set(exp)
         lag, first, last = exp.max_policy_lag, steps[0], steps[-1]
-        weights = {first - 1: start}  # step -> the weights it produced; -1: initial
-        if lag and first - 2 >= -1:
-            weights[first - 2] = self._trained_from(exp, store, start, first - 2)
+        weights = self._weights_before(exp, store, start, first, lag)  # step -> the weights it produced; -1: initial
         with backends.progress.doing(f"{exp.name}: loading the base model and the initial weights"):
             base = base_weights(exp, store)
             initial = self.initial_weights(exp, store)
         reference = initial if exp.grpo.kl_reference == "sft" else None
 
         def behavior(k: int) -> Weights[Checkpoint]:
-            return weights[max(k - 1 - lag, -1)]
+            return weights[behavior_step(k, lag)]
 
-        def generate(k: int):
-            return gen_pool.submit(self.generate, exp, k, behavior(k), prompts, store, backends, warn)
+        generating: dict[int, Future[Generated]] = {}  # steps generated ahead, in step order, by one thread
+        ahead = first  # the next step to generate
+
+        def generate_ready(trained: int) -> None:
+            """Queue every step whose behavior weights exist now that step `trained` has trained: at most `lag` ahead."""
+            nonlocal ahead
+            while ahead <= last and behavior_step(ahead, lag) <= trained:
+                generating[ahead] = gen_pool.submit(self.generate, exp, ahead, behavior(ahead), prompts, store, backends, warn)
+                ahead += 1
 
         threads = torch.get_num_threads()
         torch.set_num_threads(exp.generation_threads)
+        gen_pool = ThreadPoolExecutor(1, "generate")
         try:
-            with ThreadPoolExecutor(1, "generate") as gen_pool, ThreadPoolExecutor(1, "evaluate") as eval_pool:
-                generating, evaluating = generate(first), list[Future[StepAsset]]()
+            with ThreadPoolExecutor(1, "evaluate") as eval_pool:
+                evaluating = list[Future[StepAsset]]()
+                generate_ready(first - 1)
                 for k in steps:
-                    gen = generating.result()
-                    if lag and k < last:  # step k+1 generates with the weights of step k-1 while step k trains
-                        generating = generate(k + 1)
-                    result, weights[k] = self._train(exp, k, weights[k - 1], gen, store, backends, reference)
-                    if lag and k < last and not _passed(result, "on_policy"):  # step k+1 was sampled by the same sampler
-                        try:
-                            discard_rollouts(store, generating.result())
-                        except Exception as e:  # its generation failed: nothing of it to discard
-                            warn(f"step {step_key(k + 1)}'s generation failed too: {e!r}")
+                    gen = generating.pop(k).result()
+                    result, weights[k] = self._train(exp, k, weights[k - 1], gen, store, backends, reference, behavior(k))
+                    if not _passed(result, "on_policy"):  # the steps generated ahead were sampled by the same sampler
+                        for later, pending in sorted(generating.items()):
+                            if pending.cancel():  # not started: nothing sampled
+                                continue
+                            try:
+                                discard_rollouts(store, pending.result())
+                            except Exception as e:  # its generation failed: nothing of it to discard
+                                warn(f"step {step_key(later)}'s generation failed too: {e!r}")
                     passed = all(c.passed for c in result.checks)
-                    if not lag and k < last and passed:
-                        generating = generate(k + 1)
+                    if passed:
+                        generate_ready(k)
+                    for done in [j for j in weights if j < behavior_step(k + 1, lag)]:
+                        del weights[done]  # neither trained from nor the behavior of a step to come
                     yield result
                     if not passed:  # a failed blocking check ends the range (the driver stops there too)
                         return
@@ -159,10 +199,24 @@ class LMLoop:
                     evaluating.append(
                         eval_pool.submit(self.evaluate, exp, k, weights[k], base, initial, prompts, store, backends.progress)
                     )
-                for pending in evaluating:
-                    yield pending.result()
+                for pending_eval in evaluating:
+                    yield pending_eval.result()
         finally:
+            # a range that ends early (a failure, a crash, the run cancelled) starts no queued generation; one that runs
+            # ends and stores its rollouts, which a resumed range finds
+            gen_pool.shutdown(wait=True, cancel_futures=True)
             torch.set_num_threads(threads)
+
+    def _weights_before(
+        self, exp: Exp, store: ArtifactStore, start: Weights[Checkpoint], first: int, lag: int
+    ) -> dict[int, Weights[Checkpoint]]:
+        """The weights a range starting at step `first` needs before it trains: those it starts from
+        (`start`, step first - 1's) and, walking back the chain of weights each was trained from, those
+        that sample its first steps (down to step `behavior_step(first, lag)`'s; -1: the initial ones)."""
+        weights = {first - 1: start}
+        for j in range(first - 2, behavior_step(first, lag) - 1, -1):
+            weights[j] = self._trained_from(exp, store, weights[j + 1], j)
+        return weights
 
     def _train(
         self,
@@ -173,15 +227,24 @@ class LMLoop:
         store: ArtifactStore,
         backends: LMBackends,
         reference: Weights[Checkpoint] | None,
+        behavior: Weights[Checkpoint] | None = None,
     ) -> tuple[StepResult, Weights[Checkpoint]]:
-        """Train step `step` from `previous`; `reference`: the KL term's reference adapter (None: the base)."""
+        """Train step `step` from `previous`; `reference`: the KL term's reference adapter (None: the base);
+        `behavior`: the weights that sampled the step's rollouts (`grpo.mismatch` recomputes their
+        log-probs where they are not `previous`)."""
         t0 = time.monotonic()
 
-        # rollouts the weights being trained sampled (every step at lag 0, step 0 at lag 1): the ratio's old policy is
-        # the trainer's own log-probs, so the update does not depend on the sampler's float noise; stale ones: the sampler's
+        # rollouts the weights being trained sampled (every step at lag 0, steps 0..lag at a lag): the ratio's old policy
+        # is the trainer's own log-probs, so the update does not depend on the sampler's float noise; stale ones: the
+        # sampler's, or, with grpo.mismatch, the trainer's recomputation with the behavior weights
         sampled_by_previous = gen.rollouts.behavior_policy.get("content_hash") == previous.ref.content_hash
+        recompute = exp.grpo.mismatch is not None and not sampled_by_previous
+        if recompute and (behavior is None or behavior.ref.content_hash != gen.rollouts.behavior_policy.get("content_hash")):
+            raise ValueError(f"step {step_key(step)}: grpo.mismatch needs the weights that sampled its rollouts")
 
         def train() -> dict[str, bytes]:
+            if exp.faults.step_delay_s:  # fault injection: a step slow enough to be killed in the middle
+                time.sleep(exp.faults.step_delay_s)
             files, metrics = backends.trainer.train(
                 exp,
                 previous.payload,
@@ -189,11 +252,12 @@ class LMLoop:
                 gen.rewards.rewards,
                 reference=reference.payload if reference is not None else None,
                 old_logp="trainer" if sampled_by_previous else "sampler",
+                behavior=behavior.payload if recompute and behavior is not None else None,
             )
             stats = LMTrainStats(
                 **trained_from(exp, step, previous, gen.rewards_ref),
                 version=metrics.version,
-                metrics={k: float(v) for k, v in metrics.model_dump().items() if v is not None},  # kl: absent at kl_beta 0
+                metrics={k: float(v) for k, v in metrics.model_dump(exclude_none=True).items()},
             )
             return {**files, STATS: canonical_json(stats)}
 
@@ -202,7 +266,7 @@ class LMLoop:
             exp,
             previous.ref,
             gen.rewards_ref,
-            grpo=exp.grpo,
+            grpo=exp.grpo.cache_inputs(),
             policy=exp.policy,
             world_size=exp.world_size,
             **({"reference": reference.ref.content_hash} if reference is not None else {}),
@@ -221,6 +285,7 @@ class LMLoop:
             exp.policy.dtype,
             behavior_version,
             previous.version,
+            recomputed=recompute,
         )
         if not sampled_as_trained.passed:
             discard_rollouts(store, gen)
@@ -256,8 +321,11 @@ class LMLoop:
                     )  # fmt: skip
                     if k in stats.metrics  # kl: not computed at kl_beta 0
                 },
+                **{k: v for k, v in stats.metrics.items() if k in CORRECTION_METRICS},
                 "policy_lag": float(previous.version - behavior_version),
+                "behavior_step": float(behavior_step(step, exp.max_policy_lag)),
                 "mean_completion_tokens": mean([float(tokens[r.trial_id]) for r in rewards]),
+                **function_means(rewards),
             },
             timings={
                 "generate_s": gen.seconds,

@@ -1,11 +1,14 @@
 """Settings of the language-model path: LoRA adapter, sampling, GRPO update, supervised warm-up."""
 
-from typing import Annotated, Literal
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from dagster_rl.core import bounds
-from dagster_rl.core.experiment import ADVANTAGE_EPS
+from dagster_rl.core.experiment import ADVANTAGE_EPS, EXPERIMENTS_FOLDER
+from dagster_rl.core.plugins import check_reference
 from dagster_rl.core.strict import Strict
 
 ATTENTION_AND_MLP = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -58,6 +61,49 @@ class SamplingSettings(Strict):
     max_new_tokens: int = Field(16, ge=1, le=bounds.MAX_NEW_TOKENS, description="most tokens a completion samples")
 
 
+class DecoupledObjective(Strict):
+    """AReaL's decoupled PPO objective (`use_decoupled_loss`): the ratio is clipped around the proximal
+    policy, the weights this step trains from (the previous step's), whose log-probs the trainer
+    computes in its own forward, and each token's term is weighted by the behavior-to-proximal
+    importance weight exp(proximal - behavior), masked (0) where it exceeds `cap` (AReaL's
+    `behav_imp_weight_cap`, its default mode `token_mask`). The behavior log-probs are the
+    trainer's recomputation when `mismatch` is set, else the sampler's. With one optimizer step per
+    batch (this trainer) the ratio is 1 in value, so the clip never binds: the update is the
+    weighted policy gradient (docs/async-rl.md)."""
+
+    cap: float = Field(
+        5.0,
+        gt=1.0,
+        le=bounds.MAX_IMPORTANCE_CAP,
+        description="tokens whose behavior-to-proximal weight exp(proximal - behavior) exceeds it are masked (AReaL's "
+        "behav_imp_weight_cap)",
+    )
+
+
+class MismatchCorrection(Strict):
+    """The sampler-trainer mismatch correction: the importance weight exp(behavior - sampler) of each
+    token (`token`) or of each completion, the product over its tokens (`sequence`), between the
+    trainer's log-probs of the behavior weights and the log-probs the sampler recorded, truncated at
+    `cap` (`truncate`: TIS) or set to 0 above it (`mask`: MIS), multiplies each token's policy term.
+    At lag 0 the behavior weights are the trained ones, so the trainer's own log-probs are the
+    behavior's; at a lag the trainer recomputes them with the behavior weights (one more forward).
+    TRL's `vllm_importance_sampling_mode` (token/sequence x truncate/mask) and cap, verl's
+    `rollout_correction`, SkyRL's `off_policy_correction`, slime's `--use-tis --tis-clip`."""
+
+    level: Literal["token", "sequence"] = Field(
+        "token", description="one weight per token, or one per completion (the product of its tokens' weights)"
+    )
+    action: Literal["truncate", "mask"] = Field(
+        "truncate", description="truncate: a weight above the cap counts as the cap (TIS); mask: as 0 (MIS)"
+    )
+    cap: float = Field(
+        2.0,
+        gt=1.0,
+        le=bounds.MAX_IMPORTANCE_CAP,
+        description="the importance weight's cap (slime --tis-clip 2, SkyRL token 2 and sequence 5, TRL 3)",
+    )
+
+
 class GRPOLMSettings(Strict):
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="the importance ratio is clipped to [1 - clip_eps, 1 + clip_eps]")
     kl_beta: float = Field(
@@ -90,13 +136,32 @@ class GRPOLMSettings(Strict):
         description="recompute each layer's activations in the backward (TRL's default): a micro-batch keeps the "
         "inputs of its layers instead of all their activations, for about a third more compute",
     )
+    decoupled: DecoupledObjective | None = Field(
+        None,
+        description="AReaL's decoupled objective: clip around the weights this step trains from, weight each token by "
+        "the behavior-to-proximal importance weight, masked above its cap; None: the ratio's old policy is the behavior's",
+    )
+    mismatch: MismatchCorrection | None = Field(
+        None,
+        description="truncate (TIS) or mask (MIS) the sampler-trainer importance weight, per token or per completion, "
+        "at every lag; None: no such weight",
+    )
+
+    def cache_inputs(self) -> dict:
+        """What a key holds of these settings: every field, the corrections only when set (a run
+        without them keeps the keys it had before they existed)."""
+        return self.model_dump(mode="json", exclude_none=True)
 
 
-class LMRubric(Strict):
-    """reward = accuracy * [the answer is right] + format * [the answer is given in the expected form].
+ANSWER_RULE = (
+    "how a right answer is decided (a reasoning_gym source decides with its dataset's own score_answer instead): "
+    "`number`: the completion's number (after its last `#### `, else its last number) equals the reference's; "
+    "`math_verify`: math-verify's parse and verify (LaTeX, fractions, `\\boxed{}`), bounded in a worker process"
+)
 
-    The form (`format_rule`): `ends_with_number` (nothing but a period after the last number) or
-    `gsm8k` (a `#### <number>` mark, GSM8K's final-answer line)."""
+
+class RubricTerms(Strict):
+    """The built-in terms of every rubric: accuracy and format."""
 
     name: str = Field("accuracy", description="the rubric's name, recorded with the rewards")
     accuracy: float = Field(1.0, ge=0.0, le=bounds.MAX_REWARD_WEIGHT, description="reward of a right answer")
@@ -104,10 +169,137 @@ class LMRubric(Strict):
     format_rule: Literal["ends_with_number", "gsm8k"] = Field(
         "ends_with_number", description="the expected form: nothing but a period after the last number, or a `#### <n>` line"
     )
+    answer_rule: Literal["number", "math_verify"] = Field(
+        "number", exclude_if=lambda rule: rule == "number", description=ANSWER_RULE
+    )  # `number`, the rule of every run before it existed, is in no dump: their keys stay
+
+
+class LMRubric(RubricTerms):
+    """reward = accuracy * [the answer is right] + format * [the answer is given in the expected form].
+
+    The form (`format_rule`): `ends_with_number` (nothing but a period after the last number) or
+    `gsm8k` (a `#### <number>` mark, GSM8K's final-answer line). Whether the answer is right: the
+    `answer_rule`, or the source's own scorer (reasoning_gym's `score_answer`, partial credit
+    included)."""
+
+    # the default: `kind` may be left out, and is in no dump (the keys of every run so far stay)
+    kind: Literal["builtin"] = Field("builtin", exclude=True, description="the built-in rubric (the default)")
 
     @property
     def max_reward(self) -> float:
         return self.accuracy + self.format
+
+    @property
+    def min_reward(self) -> float:
+        return 0.0
+
+    @property
+    def functions(self) -> tuple["RewardFunction", ...]:
+        return ()
+
+
+class RewardFunction(Strict):
+    """A reward function of the user's, TRL's signature: `f(prompts, completions, completion_ids,
+    **columns) -> list[float | None]`, called for one completion at a time (lists of one) in a worker
+    process. None: no opinion on that completion (it adds nothing to its reward)."""
+
+    function: str = Field(
+        description="`file.py:name` (a file in the experiments folder) or `package.module:name` (on the Python path)"
+    )
+    weight: float = Field(
+        1.0,
+        ge=-bounds.MAX_REWARD_WEIGHT,
+        le=bounds.MAX_REWARD_WEIGHT,
+        description="its value times this is its term of the reward; 0: computed and reported, not rewarded",
+    )
+    name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="its name in the rewards and the step's metadata (`reward_<name>`); default: the function's name",
+    )
+    timeout_s: float = Field(
+        10.0,
+        gt=0.0,
+        le=3600.0,
+        exclude=True,  # a time limit: what it computes is the same whatever the limit (in no key)
+        description="a call that runs longer fails the trial's judgement (its worker process is killed). In no key",
+    )
+    _folder: Path | None = PrivateAttr(None)  # the experiments folder, for a `file.py` reference
+
+    @model_validator(mode="after")
+    def _resolvable(self, info: ValidationInfo) -> "RewardFunction":
+        target, _ = check_reference(self.function, callable_=True)
+        folder = (info.context or {}).get(EXPERIMENTS_FOLDER)
+        self._folder = Path(folder) if folder is not None else None
+        if target.endswith(".py"):
+            if self._folder is None:
+                raise ValueError(
+                    f"{self.function!r} names a file in the experiments folder, and this experiment was not read from one: "
+                    "write `package.module:name`, or put the experiment file in the folder beside the function's file"
+                )
+            if not (self._folder / target).is_file():
+                raise ValueError(f"{self.function!r}: no file {target} in the experiments folder {self._folder}")
+        return self
+
+    @property
+    def label(self) -> str:
+        """Its name in the rewards' components and the step's metrics."""
+        return self.name or self.function.rsplit(":", 1)[1]
+
+    @property
+    def folder(self) -> Path | None:
+        return self._folder
+
+
+RESERVED_LABELS = ("accuracy", "format", "llm")  # the built-in terms' names in a reward's components
+
+
+class FunctionsRubric(RubricTerms):
+    """The built-in terms (accuracy, format), plus the user's reward functions, each times its weight:
+    reward = accuracy * right + format * in_form + sum(weight_i * f_i), a function's None adding
+    nothing (TRL's nansum). A function that raises, returns a value that is not one finite number
+    (or None) per completion, or outlives its `timeout_s` fails the trial's judgement, naming the
+    function, the trial and the error: never scored 0, never cached."""
+
+    kind: Literal["functions"] = Field("functions", description="the built-in terms plus reward functions of your own")
+    functions: tuple[RewardFunction, ...] = Field(max_length=64, description="the reward functions, each with its weight")
+
+    @field_validator("functions")
+    @classmethod
+    def _some(cls, functions: tuple[RewardFunction, ...]) -> tuple[RewardFunction, ...]:
+        if not functions:
+            raise ValueError("name at least one reward function (`- function: file.py:name`), or use the built-in rubric")
+        return functions
+
+    @model_validator(mode="after")
+    def _distinct_names(self) -> "FunctionsRubric":
+        labels = [f.label for f in self.functions]
+        clash = sorted({n for n in labels if labels.count(n) > 1 or n in RESERVED_LABELS})
+        if clash:
+            raise ValueError(
+                f"reward functions named {clash}: each needs a name of its own, none of {', '.join(RESERVED_LABELS)} "
+                "(the built-in terms): give it one with `name:`"
+            )
+        return self
+
+    @property
+    def max_reward(self) -> float:
+        return math.inf  # a function's values have no bound but being finite
+
+    @property
+    def min_reward(self) -> float:
+        return -math.inf
+
+
+def _rubric_kind(raw: Any) -> Any:
+    """A rubric section without `kind` is the built-in one (every file before there were two)."""
+    if isinstance(raw, dict) and "kind" not in raw:
+        return {**raw, "kind": "builtin"}
+    return raw
+
+
+Rubric = Annotated[LMRubric | FunctionsRubric, Field(discriminator="kind"), BeforeValidator(_rubric_kind)]
+AnyRubric = LMRubric | FunctionsRubric
 
 
 class WarmupSettings(Strict):

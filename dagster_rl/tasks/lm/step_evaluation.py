@@ -15,6 +15,7 @@ from dagster_rl.tasks.lm.data.prompts import PromptSet
 from dagster_rl.tasks.lm.evaluation import Evaluation, evaluate
 from dagster_rl.tasks.lm.experiment import LMExperiment as Exp
 from dagster_rl.tasks.lm.model.policy import load_policy
+from dagster_rl.tasks.lm.rewards import scorer_of
 
 
 def evaluate_step(
@@ -54,6 +55,7 @@ def evaluate_step(
 def evaluation_of(
     exp: Exp, weights: Weights[Checkpoint], prompts: PromptSet, store: ArtifactStore
 ) -> tuple[Evaluation, ArtifactRef, bool]:
+    scorer = scorer_of(exp)  # made once: the functions' sources the key names are the ones it runs
     key = cache_key(
         "evaluation",
         CODE_VERSIONS["evaluation"],
@@ -62,11 +64,12 @@ def evaluation_of(
         prompts=content_hash({"eval": prompts.eval, "template": prompts.template}),  # what is asked, and the references
         rubric=exp.rubric,
         max_new_tokens=exp.eval_max_new_tokens,
+        **scorer.key_inputs(),  # the verifier's version, the functions' sources: none for the built-in rubric
     )
 
     def compute() -> Evaluation:
         counters.bump("evaluations")
         policy = load_policy(exp.policy, weights.payload)
-        return evaluate(policy, prompts, exp.rubric, exp.eval_max_new_tokens, weights_hash=weights.ref.content_hash)
+        return evaluate(policy, prompts, scorer, exp.eval_max_new_tokens, weights_hash=weights.ref.content_hash)
 
     return store.get_or_put("evaluations", key, Evaluation, compute)

@@ -17,7 +17,7 @@ from dagster_rl.tasks.lm.code_versions import CODE_VERSIONS
 from dagster_rl.tasks.lm.data.prompts import PromptSet, prompts_for_step
 from dagster_rl.tasks.lm.experiment import LMExperiment as Exp
 from dagster_rl.tasks.lm.records import LMRollout, plan_requests
-from dagster_rl.tasks.lm.rewards import LMReward
+from dagster_rl.tasks.lm.rewards import LMReward, pinned, scorer_of
 
 LMBackends = Backends[LMRolloutBackend, LMTrainerBackend]
 R = TypeVar("R")  # a trial's rollout record
@@ -48,6 +48,7 @@ def generate_step(
     exp: Exp, step: int, behavior: Weights[Checkpoint], prompts: PromptSet, store: ArtifactStore, backends: LMBackends, warn: Warn
 ) -> Generated[LMRollout, LMReward]:
     t0 = time.monotonic()
+    exp = pinned(exp)  # one scorer for the step: the functions' sources its rewards' key names are the ones it runs
     prompts_now = prompts_for_step(prompts.train, exp.seed, step, exp.prompts_per_step)
     requests = {r.trial_id: r for r in plan_requests(prompts_now, exp.seed, step, exp.n_samples)}
     progress = backends.progress
@@ -56,6 +57,8 @@ def generate_step(
 
     def run(pending: list[str]) -> list[LMRollout | TrialFailed]:
         progress.generated(step, len(requests) - len(pending))
+        if exp.faults.generation_delay_s:  # fault injection: a generation slow enough to be killed half-done
+            time.sleep(exp.faults.generation_delay_s)
         outcomes = judge_as_they_land(
             exp,
             backends.judge,
@@ -81,7 +84,7 @@ def generate_step(
     rollouts = trial_set(store, "rollouts", complete_key, Rollouts[LMRollout], list(requests), run, make, warn)
     if rollouts.hit:
         progress.generated(step, len(requests))
-    key = rewards_key(CODE_VERSIONS["rewards"], backends.judge, rollouts.ref, rubric=exp.rubric)
+    key = rewards_key(CODE_VERSIONS["rewards"], backends.judge, rollouts.ref, rubric=exp.rubric, **scorer_of(exp).key_inputs())
     rewards = step_rewards(
         store, exp, key, rollouts, judged, backends.judge, warn, Rewards[LMReward], lambda n: progress.judged(step, n)
     )

@@ -19,7 +19,7 @@ from dagster_rl.store.artifact_store import ArtifactStore
 from dagster_rl.tasks.lm.backend_protocols import LMRolloutBackend, LMTrainerBackend
 from dagster_rl.tasks.lm.experiment import LMExperiment
 from dagster_rl.tasks.lm.grading import LMGrading
-from dagster_rl.tasks.lm.rewards import score
+from dagster_rl.tasks.lm.rewards import score_rollout
 
 
 def _loop():
@@ -104,7 +104,7 @@ TASK = register(
         kind="verifiable_prompts",
         experiment=LMExperiment,
         loop=_loop,
-        score=lambda exp, rollout: score(rollout, exp.rubric),
+        score=score_rollout,
         rollout={"hf": _hf, "openai_server": _openai_server},
         trainer={"in_process": _in_process, "torchrun": _torchrun, "k8s": _k8s},
         grading=LMGrading(),

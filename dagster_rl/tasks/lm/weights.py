@@ -18,6 +18,7 @@ from dagster_rl.tasks.lm.data.prompts import PromptSet, load_prompt_set
 from dagster_rl.tasks.lm.evaluation import evaluate
 from dagster_rl.tasks.lm.experiment import LMExperiment as Exp
 from dagster_rl.tasks.lm.model.policy import CHECKPOINT_FILES, checkpoint_bytes, load_policy, read_state
+from dagster_rl.tasks.lm.rewards import scorer_of
 from dagster_rl.tasks.lm.step_evaluation import evaluation_of
 from dagster_rl.tasks.lm.train.warmup import WARMUP, WarmupStats, warm_up
 
@@ -51,13 +52,20 @@ def warmup_files(exp: Exp, store: ArtifactStore) -> tuple[dict[str, bytes], Arti
     if settings is None:
         raise ValueError(f"experiment {exp.name} has no warmup section")
     # the check that stops it at a target accuracy scores like the held-out evaluation
-    # (its greedy completions are the evaluation's: keyed by the evaluation's code version)
+    # (its verifier's version too, where it is not the number rule: {} for every run before there were others;
+    # its greedy completions are the evaluation's: keyed by the evaluation's code version)
+    scorer = scorer_of(exp).without_functions()  # accuracy alone: the functions' terms are no part of it
     check = (
-        {"rubric": exp.rubric, "max_new_tokens": exp.eval_max_new_tokens, "evaluation": CODE_VERSIONS["evaluation"]}
+        {
+            "rubric": exp.rubric,
+            "max_new_tokens": exp.eval_max_new_tokens,
+            "evaluation": CODE_VERSIONS["evaluation"],
+            **scorer.key_inputs(),
+        }
         if settings.target_accuracy
         else None
     )
-    prompts = load_prompt_set(exp.task.source)
+    prompts = load_prompt_set(exp.task.source, exp.seed)
     key = cache_key(
         "weights",
         CODE_VERSIONS["warmup"],
@@ -74,7 +82,7 @@ def warmup_files(exp: Exp, store: ArtifactStore) -> tuple[dict[str, bytes], Arti
 
         def accuracy(policy, items) -> float:
             held = PromptSet(train=[], eval=list(items), template=prompts.template)
-            return evaluate(policy, held, exp.rubric, exp.eval_max_new_tokens).accuracy
+            return evaluate(policy, held, scorer, exp.eval_max_new_tokens).accuracy
 
         with torch_threads(exp.trainer.threads_per_process):  # a training job, sized like the trainer's
             files, stats = warm_up(load_policy(exp.policy), prompts.train, prompts.template, settings, exp.seed, accuracy)
@@ -89,7 +97,7 @@ def warmup_result(exp: Exp, store: ArtifactStore) -> WarmupResult:
     t0 = time.monotonic()
     files, ref, hit = warmup_files(exp, store)
     stats = WarmupStats.model_validate_json(files[WARMUP])
-    prompts = load_prompt_set(exp.task.source)
+    prompts = load_prompt_set(exp.task.source, exp.seed)
     sft, _, _ = evaluation_of(exp, stored_weights("sft", ref, files), prompts, store)
     base, _, _ = evaluation_of(exp, base_weights(exp, store), prompts, store)
     return WarmupResult(

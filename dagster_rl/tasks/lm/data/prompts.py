@@ -1,22 +1,25 @@
-"""Prompts with verifiable answers: GSM8K-format JSONL, or a built-in synthetic set.
+"""Prompts with verifiable answers: GSM8K-format JSONL, or a built-in synthetic set (and, in their
+own modules, a data file read by Hugging Face `datasets`, and reasoning-gym's procedural tasks).
 
-Every prompt set is split once into train and held-out eval by a hash of each item's id (not by the
-experiment seed, so every experiment on a set evaluates on the same items); training draws only
-from train. The prompts of step k are a pure function of (experiment seed, step).
+A file's prompt set is split once into train and held-out eval by a hash of each item's id (not by
+the experiment seed, so every experiment on a set evaluates on the same items); reasoning-gym draws
+both from the experiment seed, disjoint. Training draws only from train. The prompts of step k are
+a pure function of (experiment seed, step).
 """
 
 import json
 import random
 import re
+import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field
 
 from dagster_rl.core.bounds import MAX_HELDOUT_PROMPTS
 from dagster_rl.core.errors import DagsterRLError
-from dagster_rl.core.hashing import seed_of, sha256_hex
+from dagster_rl.core.hashing import canonical_json, seed_of, sha256_hex
 from dagster_rl.core.records import Record
 from dagster_rl.core.strict import Strict
 from dagster_rl.tasks.lm.data.word_problems import resolve_dataset
@@ -38,6 +41,9 @@ class PromptItem(Record):
     question: str
     reference: str  # the verified answer, normalized by `normalize_number`
     solution: str = ""  # a demonstration: the worked answer (GSM8K's `answer`), what a warm-up trains on
+    # the row's other fields, passed to reward functions by name (a data file's mapped columns, reasoning-gym's
+    # metadata); in no dump when empty, so the items of the sources that have none hash as they always did
+    columns: dict[str, Any] = Field(default_factory=dict, exclude_if=lambda columns: not columns)
 
 
 class PromptSet(Record):
@@ -64,6 +70,9 @@ class SyntheticPrompts(Strict):
     def items(self) -> list["PromptItem"]:
         return synthetic_items(self.ops)
 
+    def split(self, seed: int) -> tuple[list["PromptItem"], list["PromptItem"]]:
+        return split_heldout(self.items(), self.n_eval)
+
 
 class GSM8KPrompts(Strict):
     """A JSONL file of {"question": ..., "answer": "... #### <number>"} lines; `builtin:word-problems`
@@ -77,8 +86,22 @@ class GSM8KPrompts(Strict):
     def items(self) -> list["PromptItem"]:
         return load_gsm8k_jsonl(resolve_dataset(self.path))
 
+    def split(self, seed: int) -> tuple[list["PromptItem"], list["PromptItem"]]:
+        return split_heldout(self.items(), self.n_eval)
 
-PromptSource = Annotated[SyntheticPrompts | GSM8KPrompts, Field(discriminator="kind")]
+
+class Source(Protocol):
+    """What every kind of prompt source provides (`data.sources.PromptSource` lists the kinds)."""
+
+    @property
+    def n_eval(self) -> int: ...
+
+    @property
+    def template(self) -> str: ...
+
+    def split(self, seed: int) -> tuple[list["PromptItem"], list["PromptItem"]]:
+        """(train, held-out): disjoint; `seed`, the experiment's, for a source that draws its items."""
+        ...
 
 
 class PromptError(DagsterRLError):
@@ -177,9 +200,28 @@ def split_heldout(items: Sequence[PromptItem], n_eval: int) -> tuple[list[Prompt
     return [it for it in items if it.id not in held], [it for it in items if it.id in held]
 
 
-def load_prompt_set(source: SyntheticPrompts | GSM8KPrompts) -> PromptSet:
-    train, held = split_heldout(source.items(), source.n_eval)
+def load_prompt_set(source: Source, seed: int = 0) -> PromptSet:
+    """The source's prompts, split; `seed` (the experiment's) is read by a source that draws its items."""
+    train, held = source.split(seed)
     return PromptSet(train=train, eval=held, template=source.template)
+
+
+_BY_ID: dict[tuple, dict[str, PromptItem]] = {}
+_BY_ID_LOCK = threading.Lock()
+
+
+def items_by_id(source: Source, seed: int) -> dict[str, PromptItem]:
+    """Every item of the source's prompt set by id (a judge looks a rollout's question up), read once
+    per process for each source, seed and file (its settings, which name it, and where it is)."""
+    key = (canonical_json(source), str(getattr(source, "location", "")), seed)
+    with _BY_ID_LOCK:
+        found = _BY_ID.get(key)
+        if found is None:
+            ps = load_prompt_set(source, seed)
+            found = _BY_ID[key] = {it.id: it for it in [*ps.train, *ps.eval]}
+            while len(_BY_ID) > 16:
+                _BY_ID.pop(next(iter(_BY_ID)))
+        return found
 
 
 def prompts_for_step(train: Sequence[PromptItem], seed: int, step: int, n: int) -> list[PromptItem]:

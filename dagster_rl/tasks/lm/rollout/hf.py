@@ -54,14 +54,21 @@ def greedy_completions(
     policy: Policy, items: Sequence[PromptItem], template: str, max_new_tokens: int, batch_size: int = 256
 ) -> list[str]:
     """Greedy completions (evaluation), in the order of `items`."""
+    return [text for text, _ in greedy_generations(policy, items, template, max_new_tokens, batch_size)]
+
+
+def greedy_generations(
+    policy: Policy, items: Sequence[PromptItem], template: str, max_new_tokens: int, batch_size: int = 256
+) -> list[tuple[str, list[int]]]:
+    """Greedy completions (evaluation) and their token ids, in the order of `items`."""
     tok = policy.tokenizer
     greedy = SamplingSettings(temperature=0.0, max_new_tokens=max_new_tokens)
-    texts: list[str] = []
+    out: list[tuple[str, list[int]]] = []
     policy.mode(training=False)
     with policy.merged() as model:
         for start in range(0, len(items), batch_size):
             batch = list(items[start : start + batch_size])
             ids = [encode_prompt(tok, it, template) for it in batch]
             gens = generate(model, ids, [0] * len(batch), greedy, tok.eos_token_id, tok.pad_token_id)
-            texts += [decode_completion(tok, g.completion_ids) for g in gens]
-    return texts
+            out += [(decode_completion(tok, g.completion_ids), list(g.completion_ids)) for g in gens]
+    return out

@@ -52,7 +52,7 @@ def longest_sequence(exp: LMExperiment, folder: str) -> int:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    prompts = load_prompt_set(exp.task.source)
+    prompts = load_prompt_set(exp.task.source, exp.seed)
     longest = max(len(encode_prompt(tokenizer, it, prompts.template)) for it in [*prompts.train, *prompts.eval])
     return longest + max(exp.sampling.max_new_tokens, exp.eval_max_new_tokens)
 

@@ -58,7 +58,7 @@ from dagster_rl.tasks.lm.model.policy import (
 from dagster_rl.tasks.lm.records import LMRollout
 from dagster_rl.tasks.lm.rewards import LMReward
 from dagster_rl.tasks.lm.settings import GRPOLMSettings, PolicySettings
-from dagster_rl.tasks.lm.train.reference import Reference, reference_of
+from dagster_rl.tasks.lm.train.reference import BEHAVIOR, Reference, adapter_reference, reference_of
 from dagster_rl.tasks.lm.train.session import (
     ENDED,
     JOBS,
@@ -100,6 +100,10 @@ class TrainJob(Strict):
         None, description="the KL term's reference adapter (a checkpoint folder); none: the base"
     )
     reference_hash: str | None = Field(None, description="the reference's `checkpoint_hash`: workers holding it keep it")
+    behavior_checkpoint: str | None = Field(
+        None, description="the weights that sampled the stale batch (a checkpoint folder), whose log-probs grpo.mismatch needs"
+    )
+    behavior_hash: str | None = Field(None, description="the behavior checkpoint's `checkpoint_hash`")
     batch: str = Field(description="a TrainBatch JSON file")
     output_dir: str
     step: int | None = Field(None, description="the step this job trains (reported with its metrics)")
@@ -189,6 +193,8 @@ class TrainerState:
     checkpoint: str | None = None
     reference: Reference | None = None
     reference_key: str | None = None
+    behavior: Reference | None = None  # the job's behavior adapter (`behavior_checkpoint`), when it names one
+    behavior_key: str | None = None
 
 
 class TrainerStateSlot:
@@ -224,6 +230,7 @@ def prepare(job: TrainJob, device: torch.device, held: TrainerState | None, from
     )
     if same_base is not None and from_memory:
         _reference(job, same_base)
+        _behavior(job, same_base)
         return same_base
     checkpoint = load_checkpoint(job.input_checkpoint) if job.input_checkpoint else None
     digest = checkpoint_hash(checkpoint) if checkpoint is not None else None
@@ -238,6 +245,7 @@ def prepare(job: TrainJob, device: torch.device, held: TrainerState | None, from
     else:  # another base, or a fresh adapter (version 0)
         held = TrainerState(load_policy(job.policy, checkpoint, device), device)
     _reference(job, held)
+    _behavior(job, held)
     held.optimizer = make_optimizer(held.policy, job.grpo, checkpoint)  # after the reference: the same trainable parameters
     held.grpo, held.checkpoint = job.grpo, digest
     return held
@@ -249,6 +257,17 @@ def _reference(job: TrainJob, held: TrainerState) -> None:
     if held.reference is None or held.reference_key != wanted:
         files = load_checkpoint(job.reference_checkpoint) if job.reference_checkpoint else None
         held.reference, held.reference_key = reference_of(held.policy, files), wanted
+
+
+def _behavior(job: TrainJob, held: TrainerState) -> None:
+    """The job's behavior adapter, loaded unless `held` has it already; none when the job names none."""
+    if job.behavior_checkpoint is None:
+        held.behavior = None
+        return
+    wanted = job.behavior_hash or job.behavior_checkpoint
+    if held.behavior is None or held.behavior_key != wanted:
+        held.behavior = adapter_reference(held.policy, load_checkpoint(job.behavior_checkpoint), BEHAVIOR)
+        held.behavior_key = wanted
 
 
 def train_held(job: TrainJob, held: TrainerState, rank: int, world: int) -> tuple[TrainMetrics, dict[str, torch.Tensor]]:
@@ -276,6 +295,7 @@ def train_held(job: TrainJob, held: TrainerState, rank: int, world: int) -> tupl
             on_grads=grads.update if job.dump_grads else None,
             reference=held.reference,
             old_logp=job.old_logp,
+            behavior=held.behavior,
         )
     finally:
         # Free DDP's reducer (its hooks on the parameters) while the process group lives: destroying

@@ -1,11 +1,13 @@
 """The GRPO loss of completions, as a pure function of their per-token log-probabilities.
 
-loss_i = -( mean_t min(r_t A_i, clip(r_t, 1-eps, 1+eps) A_i) - beta mean_t KL_t ), t over the
+loss_i = -( mean_t w_t min(r_t A_i, clip(r_t, 1-eps, 1+eps) A_i) - beta mean_t KL_t ), t over the
 completion tokens of sample i; r_t = exp(new_t - old_t), against the behavior policy's log-probs:
 those the sampler recorded when the rollouts are stale (a lag), and, when the trained weights are
 the ones that sampled them, the trainer's own `new_t` detached (as TRL does with one iteration:
-the same gradient, A_i grad new_t, free of the sampler's float noise); KL_t = exp(d_t) - d_t - 1 with d_t = ref_t - new_t (the k3 estimator, >= 0), ref the base
-with the adapter disabled. At r = 1 the surrogate's gradient is REINFORCE's (its value is A). A step's
+the same gradient, A_i grad new_t, free of the sampler's float noise); w_t = 1, or the weight of
+the off-policy corrections, which also choose the old policy (`lm.train.corrections`);
+KL_t = exp(d_t) - d_t - 1 with d_t = ref_t - new_t (the k3 estimator, >= 0), ref the base with the
+adapter disabled. At r = 1 the surrogate's gradient is REINFORCE's (its value is A). A step's
 loss is the mean of loss_i over its samples (the trainer's scale).
 
 `grpo_batch_loss` takes a padded batch (a completion-token mask); `grpo_sample_loss` is one unpadded
@@ -49,11 +51,15 @@ def grpo_batch_loss(
     clip_eps: float,
     kl_beta: float,
     sampler_logp: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
+    scored_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, BatchStats]:
     """fp32 (B, T) log-probs, `mask` (B, T) bool (True on completion tokens, at least one per row),
     `advantages` (B,). `old_logp`: the ratio's old policy; `sampler_logp`: what the sampler recorded,
-    which `logp_max_dev` and `logp_dev_sum` compare `new_logp` with (default: `old_logp`). Returns
-    loss_i (B,) and the stats; only `new_logp` carries grad."""
+    which `logp_max_dev` and `logp_dev_sum` compare the trainer's log-probs with (default: `old_logp`):
+    `scored_logp` (the trainer's of the behavior weights, where it recomputed them) or `new_logp`.
+    `weight` (B, T): what multiplies each token's policy term (the off-policy corrections,
+    `lm.train.corrections`); None: 1. Returns loss_i (B,) and the stats; only `new_logp` carries grad."""
     if not (new_logp.shape == old_logp.shape == ref_logp.shape == mask.shape) or new_logp.dim() != 2:
         raise ValueError(
             f"log-prob shapes differ or are not (batch, tokens): new {tuple(new_logp.shape)}, old {tuple(old_logp.shape)}, "
@@ -61,28 +67,30 @@ def grpo_batch_loss(
         )
     if advantages.shape != new_logp.shape[:1]:
         raise ValueError(f"{tuple(advantages.shape)} advantages for {new_logp.shape[0]} samples")
-    weight = mask.to(new_logp.dtype)
-    count = weight.sum(-1)
+    tokens = mask.to(new_logp.dtype)
+    count = tokens.sum(-1)
 
     def token_mean(x: torch.Tensor) -> torch.Tensor:
-        return (x * weight).sum(-1) / count
+        return (x * tokens).sum(-1) / count
 
     adv = advantages.to(new_logp)[:, None]
     ratio = torch.exp(torch.where(mask, new_logp - old_logp, 0.0))
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
-    surrogate = token_mean(torch.minimum(ratio * adv, clipped * adv))
+    policy_term = torch.minimum(ratio * adv, clipped * adv)
+    surrogate = token_mean(policy_term if weight is None else weight * policy_term)
     delta = torch.where(mask, ref_logp - new_logp, 0.0)
     kl = token_mean(torch.exp(delta) - delta - 1.0)
     loss = -(surrogate - kl_beta * kl)
     dev = (ratio.detach() - 1.0).abs()
     sampled = old_logp if sampler_logp is None else sampler_logp
+    scored = new_logp.detach() if scored_logp is None else scored_logp
     stats = BatchStats(
         ratio=token_mean(ratio.detach()),
         kl=kl.detach(),
-        clip_frac=token_mean((dev > clip_eps).to(weight)),
+        clip_frac=token_mean((dev > clip_eps).to(tokens)),
         ratio_max_dev=torch.where(mask, dev, 0.0).max(),
-        logp_max_dev=torch.where(mask, (new_logp.detach() - sampled).abs(), 0.0).max(),
-        logp_dev_sum=torch.where(mask, new_logp.detach() - sampled, 0.0).sum(),
+        logp_max_dev=torch.where(mask, (scored - sampled).abs(), 0.0).max(),
+        logp_dev_sum=torch.where(mask, scored - sampled, 0.0).sum(),
     )
     return loss, stats
 

@@ -27,6 +27,7 @@ from dagster_rl.core.records import Record
 from dagster_rl.tasks.lm.model.logprobs import PackedBatch, pack, packed_logprobs
 from dagster_rl.tasks.lm.model.policy import Policy
 from dagster_rl.tasks.lm.settings import GRPOLMSettings
+from dagster_rl.tasks.lm.train.corrections import Corrected, correct
 from dagster_rl.tasks.lm.train.grpo_loss import grpo_batch_loss
 
 OldLogp = Literal["sampler", "trainer"]  # the ratio's old policy (see `train_step`)
@@ -76,6 +77,11 @@ class TrainMetrics(Record):
     )
     logp_max_dev: float  # max over the step's tokens of |trainer's log-prob - sampler's| before the update (on_policy)
     logp_mean_dev: float  # mean over the step's tokens of (trainer's log-prob - sampler's): a bias, where there is one
+    # the off-policy corrections' (`lm.train.corrections`), over the step's sampled tokens; None where off
+    mismatch_capped_frac: float | None = None  # share whose sampler-trainer weight the cap truncated or masked
+    mismatch_weight: float | None = None  # mean of that weight as applied
+    decoupled_masked_frac: float | None = None  # share the decoupled objective masked (behavior-to-proximal weight > cap)
+    decoupled_weight: float | None = None  # mean of its weight as applied
     grad_norm: float  # before clipping
     samples_used: int
     groups: int
@@ -237,6 +243,7 @@ def train_step(
     on_grads: Callable[[dict[str, torch.Tensor]], None] | None = None,
     reference: Callable[[], AbstractContextManager] | None = None,
     old_logp: OldLogp = "sampler",
+    behavior: Callable[[], AbstractContextManager] | None = None,
 ) -> TrainMetrics:
     """Update the policy's adapter in place over this rank's `samples`; bump its version.
 
@@ -246,7 +253,11 @@ def train_step(
     the ratio's old policy: the log-probs the sampler recorded (`sampler`: the behavior policy of
     stale rollouts), or the trainer's own, detached (`trainer`: for rollouts the policy being trained
     sampled, so that the update does not depend on the sampler's float noise). Either way
-    `logp_max_dev` compares the trainer's log-probs with the sampler's.
+    `logp_max_dev` compares the trainer's log-probs with the sampler's: those of the behavior
+    weights where it has them. `behavior` switches the model to the behavior weights' adapter, for
+    stale rollouts (`old_logp="sampler"`): the trainer recomputes their log-probs in one no-grad
+    forward (what `grpo.mismatch` compares with the sampler's). `grpo.decoupled` and
+    `grpo.mismatch` choose the ratio's old policy and weight each token (`lm.train.corrections`).
     """
     if old_logp not in ("sampler", "trainer"):
         raise ValueError(f"old_logp is 'sampler' or 'trainer', not {old_logp!r}")
@@ -259,7 +270,8 @@ def train_step(
     forward_model = ddp if ddp is not None else model
     scale = world_size / total_samples
     device = next(model.parameters()).device
-    sums = torch.zeros(7, dtype=torch.float64, device=device)  # loss, ratio, kl, clip_frac, samples, logp dev sum, tokens
+    # loss, ratio, kl, clip_frac, samples, logp dev sum, tokens; mismatch capped, weight; decoupled masked, weight
+    sums = torch.zeros(11, dtype=torch.float64, device=device)
     max_dev = torch.zeros(2, dtype=torch.float64, device=device)  # max |ratio - 1|, max |new - old|
     pad = policy.tokenizer.pad_token_id
     batches = [_pack([samples[i] for i in idx], pad, device) for idx in micro_batches(samples, grpo.micro_batch_tokens)]
@@ -270,18 +282,25 @@ def train_step(
         policy.activation_checkpointing(grpo.activation_checkpointing)
         optimizer.zero_grad(set_to_none=True)
         refs = reference_logprobs(policy, [batch for batch, _, _ in batches], grpo, reference)
+        recomputed: list[torch.Tensor | None] = [None] * len(batches)
+        if behavior is not None and old_logp == "sampler":  # stale rollouts: the behavior weights' log-probs, by the trainer
+            with torch.no_grad(), behavior():
+                recomputed = [packed_logprobs(model, batch) for batch, _, _ in batches]
         with ddp.no_sync() if ddp is not None else nullcontext():
-            for (batch, old, adv), ref in zip(batches, refs, strict=True):
+            for (batch, sampler, adv), ref, behaved in zip(batches, refs, recomputed, strict=True):
                 new = packed_logprobs(forward_model, batch)
                 ref = new.detach() if ref is None else ref  # no KL term: the loss's KL is exactly 0, its gradient 0
-                behavior = new.detach() if old_logp == "trainer" else old
+                mask = batch.completion_mask
+                scored = new.detach() if old_logp == "trainer" else behaved
+                c = correct(new.detach(), sampler, scored, mask, grpo)
                 loss, stats = grpo_batch_loss(
-                    new, behavior, ref, batch.completion_mask, adv, grpo.clip_eps, grpo.kl_beta, sampler_logp=old
+                    new, c.old, ref, mask, adv, grpo.clip_eps, grpo.kl_beta, sampler, weight=c.weight, scored_logp=scored
                 )
                 (loss.sum() * scale).backward()
                 sums[:4] += torch.stack([x.sum() for x in (loss.detach(), stats.ratio, stats.kl, stats.clip_frac)]).double()
                 sums[4] += len(adv)
-                sums[5:] += torch.stack([stats.logp_dev_sum.double(), batch.completion_mask.sum().double()])
+                sums[5:7] += torch.stack([stats.logp_dev_sum.double(), mask.sum().double()])
+                sums[7:] += correction_sums(c, mask)
                 max_dev = torch.maximum(max_dev, torch.stack([stats.ratio_max_dev, stats.logp_max_dev]).double())
         if ddp is not None:
             sync = ddp(input_ids=torch.tensor([[pad]], device=device), use_cache=False)
@@ -316,6 +335,7 @@ def train_step(
         ratio_max_dev=max_dev,
         logp_max_dev=logp_dev,
         logp_mean_dev=float(sums[5]) / max(float(sums[6]), 1.0),
+        **correction_metrics(grpo, sums[7:], max(float(sums[6]), 1.0)),
         grad_norm=float(grad_norm),
         samples_used=int(n),
         groups=int(facts["groups"]),
@@ -324,3 +344,20 @@ def train_step(
         world_size=world_size,
         pad_share=pad_share,
     )
+
+
+def correction_sums(c: Corrected, mask: torch.Tensor) -> torch.Tensor:
+    """(mismatch capped, mismatch weight, decoupled masked, decoupled weight) summed over the sampled tokens (0: off)."""
+    parts = (c.mismatch_capped, c.mismatch_weight, c.decoupled_masked, c.decoupled_weight)
+    zero = torch.zeros((), dtype=torch.float64, device=mask.device)
+    return torch.stack([zero if x is None else torch.where(mask, x.double(), 0.0).sum() for x in parts])
+
+
+def correction_metrics(grpo: GRPOLMSettings, sums: torch.Tensor, tokens: float) -> dict[str, float]:
+    """The corrections' shares and mean weights over the step's `tokens` sampled tokens, for those that are on."""
+    found: dict[str, float] = {}
+    if grpo.mismatch is not None:
+        found |= {"mismatch_capped_frac": float(sums[0]) / tokens, "mismatch_weight": float(sums[1]) / tokens}
+    if grpo.decoupled is not None:
+        found |= {"decoupled_masked_frac": float(sums[2]) / tokens, "decoupled_weight": float(sums[3]) / tokens}
+    return found
