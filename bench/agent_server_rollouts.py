@@ -1,5 +1,6 @@
 """Multi-turn agent rollouts on a server against single-turn ones: sampled tokens/s of the text_agent
-task's `openai_server` backend on `dagster-rl serve` and on a real vLLM (the CPU build, `make vllm`).
+task's `openai_server` backend on `dagster-rl serve` and on a real vLLM (the CPU build, `make vllm`), and of
+its `hf` backend in this process.
 
 Both shapes run what a step runs, `backend.generate(exp, requests, behavior)`, on the same model
 (`builtin:tiny-qwen2-agent`, hidden 128, 2 layers, as a folder), the same server, the same episodes
@@ -12,11 +13,15 @@ random B), at temperature 1, top-p 1, up to --turn-tokens tokens per turn, all e
   prompt, every earlier action and observation) as token ids.
 
 The environment is the tests' `chatter` (tests/agent_fixtures.py): it answers every action with a
-short line and never ends an episode itself, so every episode takes all its turns. Sampled tokens: the model's tokens of the
+short line and never ends an episode itself, so every episode takes all its turns. `hf` plays the
+same experiments in process (`rollout.backend: hf`), with --threads torch threads: its live episodes
+advance a turn together, each turn continuing the batch's KV cache. Each row also says how far its
+sampled tokens/s are from `roofline.decode_roofline` (this machine's float32 peak and bandwidth,
+measured at the start). Sampled tokens: the model's tokens of the
 trajectories (mask 1). The two shapes alternate, --rounds times each after one warm-up of each;
 the median wall time. One server at a time, each with --threads torch threads.
 
-    PYTHONPATH=. .venv/bin/python bench/agent_server_rollouts.py [--engines serve,vllm] [--worlds 8 --samples 8]
+    PYTHONPATH=. .venv/bin/python bench/agent_server_rollouts.py [--engines hf,serve,vllm] [--worlds 8 --samples 8]
         [--turns 4 --turn-tokens 16] [--rounds 3] [--threads 1]
 """
 
@@ -28,8 +33,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import roofline
 import torch
 import vllm_rollouts
+from transformers import AutoConfig
 
 from dagster_rl.core.retries import Limits
 from dagster_rl.core.task import Endpoint, RolloutEnv, task_of
@@ -44,7 +51,7 @@ from dagster_rl.tasks.lm.settings import ATTENTION_AND_MLP
 from tests.agent_fixtures import CHATTER
 
 
-def experiment(model: Path, args, turns: int) -> AgentExperiment:
+def experiment(model: Path, args, turns: int, backend: str = "openai_server") -> AgentExperiment:
     return AgentExperiment.model_validate(
         {
             "name": "bench_agent_server", "n_steps": 1, "prompts_per_step": args.worlds, "n_samples": args.samples,
@@ -53,7 +60,7 @@ def experiment(model: Path, args, turns: int) -> AgentExperiment:
             "policy": {"base_model": str(model), "device": "cpu",
                        "lora": {"rank": 8, "alpha": 16, "target_modules": list(ATTENTION_AND_MLP), "init_seed": 7}},
             "sampling": {"temperature": 1.0, "top_p": 1.0},
-            "rollout": {"backend": "openai_server"},
+            "rollout": {"backend": backend},
         }
     )  # fmt: skip
 
@@ -70,9 +77,26 @@ def one_run(backend, exp: AgentExperiment, behavior) -> tuple[float, int, int, i
     return wall, sampled, requests, prompts
 
 
+def measured(name: str, backends: dict, shapes: dict, behavior, args, n: int) -> list[tuple]:
+    """The two shapes alternated, --rounds times after a warm-up: a row per shape."""
+    runs: dict[str, list] = {shape: [] for shape in shapes}
+    for i in range(args.rounds + 1):  # round 0 warms up
+        for shape, exp in shapes.items():
+            run = one_run(backends[shape], exp, behavior)
+            if i:
+                runs[shape].append(run)
+    rows = []
+    for shape, got in runs.items():
+        wall = statistics.median(r[0] for r in got)
+        _, sampled, requests, prompts = got[-1]
+        rows.append((name, shape, n, requests, sampled, prompts / requests, wall, sampled / wall))
+        print(f"  {name} {shape}: {sampled} tokens in {wall:.3f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--engines", default="serve,vllm", help="comma-separated, of serve, vllm")
+    parser.add_argument("--engines", default="hf,serve,vllm", help="comma-separated, of hf (in process), serve, vllm")
     parser.add_argument("--worlds", type=int, default=8)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--turns", type=int, default=4)
@@ -82,15 +106,34 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=str(vllm_rollouts.REPO / ".venv-vllm" / "bin" / "python"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rows = []
+    machine = roofline.measure(args.threads)
+    print(machine.line(), flush=True)
+    rows: list[tuple] = []
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
         model = save_tiny_model(root / "tiny-qwen2-agent", builtin="tiny-qwen2-agent")
+        shape = roofline.Shape.of(AutoConfig.from_pretrained(model))
         store = ArtifactStore(f"file://{root}/artifacts")
         shapes = {"single-turn": experiment(model, args, 1), "multi-turn": experiment(model, args, args.turns)}
         behavior = vllm_rollouts.behavior_weights(shapes["single-turn"], store)
         n = args.worlds * args.samples
         for engine in args.engines.split(","):
+            if engine == "hf":  # in process: the step's episodes batched by turn, in this process's threads
+                name = "hf (in process)"
+                env = RolloutEnv(Limits(0, 3600, n), root / "scratch")
+                shapes_hf = {
+                    shape: experiment(model, args, turns, "hf")
+                    for shape, turns in (("single-turn", 1), ("multi-turn", args.turns))
+                }
+                rows += measured(
+                    name,
+                    {s: task_of("text_agent").backend("rollout", e, env) for s, e in shapes_hf.items()},
+                    shapes_hf,
+                    behavior,
+                    args,
+                    n,
+                )
+                continue
             port = vllm_rollouts.free_port()
             if engine == "serve":
                 name = "dagster-rl serve"
@@ -107,17 +150,7 @@ def main() -> None:
                     Limits(0, 3600, n), root / "scratch", Endpoint(f"http://127.0.0.1:{port}/v1", request_timeout_s=600)
                 )
                 backends = {shape: task_of("text_agent").backend("rollout", exp, env) for shape, exp in shapes.items()}
-                runs: dict[str, list] = {shape: [] for shape in shapes}
-                for i in range(args.rounds + 1):  # round 0 warms up
-                    for shape, exp in shapes.items():
-                        run = one_run(backends[shape], exp, behavior)
-                        if i:
-                            runs[shape].append(run)
-                for shape, got in runs.items():
-                    wall = statistics.median(r[0] for r in got)
-                    _, sampled, requests, prompts = got[-1]
-                    rows.append((name, shape, n, requests, sampled, prompts / requests, wall, sampled / wall))
-                    print(f"  {name} {shape}: {sampled} tokens in {wall:.3f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+                rows += measured(name, backends, shapes, behavior, args, n)
             except Exception:
                 print(f"--- {name}'s log:\n{server.log_tail(10**5)}", file=sys.stderr)
                 raise
@@ -130,14 +163,21 @@ def main() -> None:
         f"load average now {os.getloadavg()[0]:.1f}\n"
     )
     print(
-        "| engine | shape | episodes | requests | sampled tokens | prompt tokens / request | wall s | sampled tokens/s | vs single-turn |"
+        "| engine | shape | episodes | requests | sampled tokens | prompt tokens / request | wall s | sampled tokens/s | "
+        "vs single-turn | vs roofline |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     single = {r[0]: r[7] for r in rows if r[1] == "single-turn"}
-    for name, shape, n, requests, sampled, prompt, wall, tps in rows:
+    for name, kind, n, requests, sampled, prompt, wall, tps in rows:
+        bound = roofline.decode_roofline(machine, shape, n, prompt + args.turn_tokens / 2)
         print(
-            f"| {name} | {shape} | {n} | {requests} | {sampled} | {prompt:.0f} | {wall:.3f} | {tps:.0f} | {tps / single[name]:.2f} |"
+            f"| {name} | {kind} | {n} | {requests} | {sampled} | {prompt:.0f} | {wall:.3f} | {tps:.0f} | "
+            f"{tps / single[name]:.2f} | {tps / bound:.3f} |"
         )
+    print(
+        f"\nvs roofline: sampled tokens/s over `roofline.decode_roofline` ({n} rows at once, the request's mean prompt "
+        f"plus half a turn of context): {machine.line()}"
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ correction where ours is the population std: a scale of the advantages, not of t
 reference = the base with the adapter disabled (TRL does that when given a LoraConfig), top_k 0,
 use_vllm False, no logging, reporting, saving or shuffling. Ours packs the step's samples into
 micro-batches of `grpo.micro_batch_tokens` (its default unless --micro-batch-tokens); TRL runs
-the whole batch at once.
+the whole batch at once. `--baseline DIR` runs ours also as another checkout of the project has it
+(the commit before a change), in the same run, alternated: the before and after of a change by one clock.
 
 Where time goes, per step (median over the steps after the first, which is reported apart):
 - decode: sampling the tokens (ours: `sampling.generate`, which records each token's log-prob as it
@@ -27,6 +28,10 @@ Where time goes, per step (median over the steps after the first, which is repor
   TRL: its batched reference forward). Neither recomputes the behavior log-probs on-policy;
 - reward: scoring (and ours: group advantages);
 - train: the rest: the forwards with grad, backwards and the optimizer step.
+Distance to the limit (`roofline`, measured at the start of the run at the engines' thread count):
+ours' update in useful GFLOP/s (`roofline.train_flops` of the step's sequences over its train
+seconds) as a fraction of the float32 matmul peak, its padded-token share, and its decode's sampled
+tokens/s against `roofline.decode_roofline`.
 Memory: RSS when the first step starts, the high-water mark of RSS during the steps (VmHWM reset at
 the first step) and the process's peak (imports and setup included); on CUDA also the peak of
 `torch.cuda.max_memory_allocated` during the steps.
@@ -73,11 +78,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import lm_common  # sets the offline environment and sys.path first
+import roofline
 
 from dagster_rl.tasks.lm.model.tiny import resolve_model
 from dagster_rl.tasks.lm.settings import ATTENTION_AND_MLP
 
 PHASES = ("decode", "nograd_logp", "reward")
+WORK = ("train_flops", "decode_rows", "decode_tokens", "decode_context", "pad_share")  # ours: what a step computed
 RUBRIC = {"name": "accuracy", "accuracy": 1.0, "format": 0.5}
 # TRL refuses an adapter on lm_head (it reads lm_head.weight directly), so both engines adapt the
 # project's default modules: every attention and MLP projection.
@@ -196,6 +203,7 @@ def run_ours(args, model_dir: Path) -> dict:
     trainer.packed_logprobs = clock.wrap("nograd_logp", trainer.packed_logprobs, when=no_grad_now)
     in_memory.score = clock.wrap("reward", in_memory.score)
     in_memory.build_samples = clock.wrap("reward", in_memory.build_samples)
+    in_memory.train_step = recording_shapes(in_memory.train_step, shapes := [])
     rss_start = reset_hwm()
     reset_gpu_peak()
     for step in range(args.steps):
@@ -208,8 +216,36 @@ def run_ours(args, model_dir: Path) -> dict:
             mean_reward=sum(r.reward for r in rewards) / len(rewards),
             logp_max_dev=metrics.logp_max_dev,
             logp_mean_dev=metrics.logp_mean_dev,
+            pad_share=metrics.pad_share,
+            **step_work(policy, shapes[-1], lora_of(args)),
         )
     return _memory(clock, rss_start)
+
+
+def recording_shapes(train_step, shapes: list):
+    """`train_step`, recording each call's sequences: (prompt tokens, completion tokens, sampled tokens) each."""
+
+    def recorded(policy, optimizer, samples, *a, **kw):
+        shapes.append([(len(s.prompt_ids), len(s.completion_ids), s.sampled) for s in samples])
+        return train_step(policy, optimizer, samples, *a, **kw)
+
+    return recorded
+
+
+def step_work(policy, sequences: list[tuple[int, int, int]], lora) -> dict[str, float]:
+    """What the step computed, for the roofline: the update's useful FLOPs, the decode's rows, its
+    sampled tokens and mean context (`roofline`)."""
+    import roofline
+
+    shape = roofline.Shape.of(policy.model.get_base_model().config)
+    return {
+        "train_flops": roofline.train_flops(shape, [(p + c, k) for p, c, k in sequences], lora.rank, lora.target_modules),
+        "decode_rows": float(len(sequences)),
+        "decode_tokens": float(sum(c for _, c, _ in sequences)),
+        "decode_context": sum(p + c / 2 for p, c, _ in sequences) / len(sequences),
+        "decode_prompt": sum(p for p, _, _ in sequences) / len(sequences),
+        "completions": [c for _, c, _ in sequences],  # not a number: kept out of the medians
+    }
 
 
 def _memory(clock: "Clock", rss_start: int) -> dict:
@@ -343,7 +379,11 @@ def worker(args) -> None:
 
 
 def spawn(python: str, engine: str, args, model_dir: Path) -> dict:
-    cmd = [python, str(Path(__file__).resolve()), "--worker", engine, "--model-dir", str(model_dir)]
+    script, env = Path(__file__).resolve(), None
+    if engine == "baseline":  # ours, as another checkout of the project has it
+        script, engine = Path(args.baseline).resolve() / "bench" / "grpo_vs_trl.py", "ours"
+        env = {**os.environ, "PYTHONPATH": str(Path(args.baseline).resolve())}
+    cmd = [python, str(script), "--worker", engine, "--model-dir", str(model_dir)]
     for name in (
         "steps",
         "prompts",
@@ -364,7 +404,7 @@ def spawn(python: str, engine: str, args, model_dir: Path) -> dict:
         cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if args.model:
         cmd += ["--model", args.model]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"{engine} worker failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
@@ -379,7 +419,7 @@ def trl_importable(python: str) -> str | None:
 
 def summary(runs: list[dict]) -> dict[str, float]:
     later = [s for r in runs for s in r["steps"][1:]]
-    med = {k: statistics.median(s.get(k, 0.0) for s in later) for k in ("step", "cpu", *PHASES)}
+    med = {k: statistics.median(s.get(k, 0.0) for s in later) for k in ("step", "cpu", *PHASES, *WORK)}
     med["train"] = med["step"] - sum(med[p] for p in PHASES)
     med["first"] = statistics.median(r["steps"][0]["step"] for r in runs)
     med["reward_first"] = runs[0]["steps"][0]["mean_reward"]
@@ -389,6 +429,31 @@ def summary(runs: list[dict]) -> dict[str, float]:
         med["logp_max_dev"] = max(s["logp_max_dev"] for s in every)
         med["logp_mean_dev"] = max((s["logp_mean_dev"] for s in every), key=abs)
     return med
+
+
+def distance_to_the_limit(m: dict[str, float], machine, model_dir, args, last: dict) -> str:
+    """Ours against the machine's peaks: the update's FLOP/s and the decode's tokens/s."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir) if model_dir else None
+    if config is None:
+        from dagster_rl.tasks.lm.model.tiny import tiny_config, tiny_tokenizer
+
+        tok = tiny_tokenizer()
+        config = tiny_config(len(tok), tok.pad_token_id, tok.eos_token_id, hidden=args.hidden, layers=args.layers)
+    shape = roofline.Shape.of(config)
+    train_rate = m["train_flops"] / max(m["train"], 1e-9) / 1e9
+    decode_rate = m["decode_tokens"] / max(m["decode"], 1e-9)
+    bound = roofline.decode_roofline(machine, shape, int(m["decode_rows"]), m["decode_context"])
+    least = roofline.decode_seconds_bound(machine, shape, last["decode_prompt"], last["completions"])
+    return (
+        f"distance to the limit, ours (median step): update {m['train_flops'] / 1e9:.0f} useful GFLOP in {m['train']:.2f} s "
+        f"= {train_rate:.1f} GFLOP/s, {train_rate / machine.fp32_gflops:.2f} of the float32 matmul peak "
+        f"({machine.fp32_gflops:.0f}); padded tokens {m['pad_share']:.3f} of the update's; decode {decode_rate:.1f} sampled "
+        f"tokens/s, {decode_rate / bound:.2f} of the roofline {bound:.0f} tokens/s ({int(m['decode_rows'])} rows, mean "
+        f"context {m['decode_context']:.0f}, {machine.bandwidth_gbs:.1f} GB/s); the last step's completions needed at least "
+        f"{least:.2f} s of its {last['decode']:.2f} s of decode ({least / last['decode']:.2f}, `roofline.decode_seconds_bound`)"
+    )
 
 
 def main() -> None:
@@ -420,6 +485,11 @@ def main() -> None:
         "--model", default="", help="a model folder or builtin: name (default: the tiny model of --hidden/--layers)"
     )
     parser.add_argument("--prompts-path", default="builtin:addition-1-20", help="with --model: a GSM8K-format prompt set")
+    parser.add_argument(
+        "--baseline",
+        default="",
+        help="a checkout of the project (a folder): its `ours` runs too, as `baseline`, alternated with the others",
+    )
     parser.add_argument("--worker", choices=("ours", "ours-bf16", "trl", "trl-nogc"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -444,10 +514,13 @@ def main() -> None:
     engines = {
         "ours": sys.executable,
         "ours-bf16": sys.executable,
+        **({"baseline": sys.executable} if args.baseline else {}),
         **({"trl": args.trl_python, "trl-nogc": args.trl_python} if why is None else {}),
     }
-    engines = {k: v for k, v in engines.items() if k in args.engines.split(",")}
+    engines = {k: v for k, v in engines.items() if k in args.engines.split(",") or k == "baseline"}
     runs: dict[str, list[dict]] = {k: [] for k in engines}
+    machine = roofline.measure(args.threads)  # the machine's peaks in this run, at the engines' thread count
+    print(machine.line(), flush=True)
     loads = []
     with tempfile.TemporaryDirectory() as d:
         model_dir = (
@@ -457,8 +530,13 @@ def main() -> None:
         )
         for _ in range(args.rounds):  # alternated, so that a busy spell of the machine hits both
             for name, python in engines.items():
-                runs[name].append(spawn(python, name, args, model_dir))
+                try:
+                    runs[name].append(spawn(python, name, args, model_dir))
+                except SystemExit as e:  # one engine's failure (out of memory, say) loses no other engine's numbers
+                    print(f"{name}: {str(e)[-2000:]}", flush=True)
                 loads.append(os.getloadavg()[0])
+                print(f"  {name} done, load average {loads[-1]:.1f}", flush=True)
+    runs = {k: v for k, v in runs.items() if v}
     rows = {k: summary(v) for k, v in runs.items()}
     results = {k: {m: max(r.get(m, 0) for r in v) for m in ("rss_start", "rss_hwm", "peak", "gpu_peak")} for k, v in runs.items()}
     gpu = args.device == "cuda"
@@ -466,12 +544,12 @@ def main() -> None:
         f"\nseconds per step: median of steps 2..{args.steps} of {args.rounds} run(s) each; memory MiB, max over runs; "
         f"load average after each run {', '.join(f'{x:.1f}' for x in loads)}"
     )
-    head = f"{'engine':<8}{'step s':>8}{'CPU s':>8}{'decode':>8}{'nograd':>8}{'reward':>8}{'train':>8}{'1st step':>10}{'RSS@start':>11}{'HWM steps':>11}{'peak':>8}"
+    head = f"{'engine':<10}{'step s':>8}{'CPU s':>8}{'decode':>8}{'nograd':>8}{'reward':>8}{'train':>8}{'1st step':>10}{'RSS@start':>11}{'HWM steps':>11}{'peak':>8}"
     print(head + (f"{'GPU peak':>10}" if gpu else "") + f"{'reward 1st->last':>18}")
     for name, m in rows.items():
         r = results[name]
         print(
-            f"{name:<8}{m['step']:>8.3f}{m['cpu']:>8.3f}{m['decode']:>8.3f}{m['nograd_logp']:>8.3f}{m['reward']:>8.3f}{m['train']:>8.3f}"
+            f"{name:<10}{m['step']:>8.3f}{m['cpu']:>8.3f}{m['decode']:>8.3f}{m['nograd_logp']:>8.3f}{m['reward']:>8.3f}{m['train']:>8.3f}"
             f"{m['first']:>10.3f}{r['rss_start'] / 1024:>11.0f}{r['rss_hwm'] / 1024:>11.0f}{r['peak'] / 1024:>8.0f}"
             + (f"{r['gpu_peak'] / 1024:>10.0f}" if gpu else "")
             + f"{m['reward_first']:>9.2f} ->{m['reward_last']:>5.2f}"
@@ -488,6 +566,9 @@ def main() -> None:
             print(
                 f"on-policy, {name}: max |logp_trainer - logp_sampler| {m['logp_max_dev']:.2e}, largest |mean| {m['logp_mean_dev']:+.2e} (every step of every run)"
             )
+    if "ours" in rows:
+        last = runs["ours"][-1]["steps"][-1]
+        print(distance_to_the_limit(rows["ours"], machine, model_dir if args.model else None, args, last))
     if "ours" in rows and "ours-bf16" in rows:
         o, b = rows["ours"], rows["ours-bf16"]
         print(
@@ -495,19 +576,19 @@ def main() -> None:
             f"{b['decode'] / o['decode']:.2f}, train {b['train'] / o['train']:.2f}), RSS high-water mark "
             f"{results['ours-bf16'][memory] / max(results['ours'][memory], 1):.2f}"
         )
-    for trl in ("trl", "trl-nogc"):
-        if trl not in rows or "ours" not in rows:
+    for ours, trl in [(o, t) for o in ("ours", "baseline") for t in ("trl", "trl-nogc")]:
+        if trl not in rows or ours not in rows:
             continue
         if args.model:  # the real model's targets: against TRL's defaults, and against its fastest configuration
-            target = 0.5 if trl == "trl" else 0.7
+            target = 0.5 if trl == "trl" else 0.6
         else:  # the tiny model's: fixed costs weigh most at the tiny size
             target = 1.0 if (args.hidden, args.layers) == (64, 2) else 0.8
-        ratio = rows["ours"]["step"] / rows[trl]["step"]
-        cpu_ratio = rows["ours"]["cpu"] / rows[trl]["cpu"]
-        mem = results["ours"][memory] / max(results[trl][memory], 1)
-        parts = {phase: rows["ours"][phase] / max(rows[trl][phase], 1e-9) for phase in ("decode", "train")}
+        ratio = rows[ours]["step"] / rows[trl]["step"]
+        cpu_ratio = rows[ours]["cpu"] / rows[trl]["cpu"]
+        mem = results[ours][memory] / max(results[trl][memory], 1)
+        parts = {phase: rows[ours][phase] / max(rows[trl][phase], 1e-9) for phase in ("decode", "train")}
         print(
-            f"ratio ours/{trl}: step time {ratio:.2f} ({'meets' if ratio <= target else 'misses'} the target <= {target}; "
+            f"ratio {ours}/{trl}: step time {ratio:.2f} ({'meets' if ratio <= target else 'misses'} the target <= {target}; "
             f"CPU time {cpu_ratio:.2f}; decode {parts['decode']:.2f}, train {parts['train']:.2f}), "
             f"{'GPU memory peak' if gpu else 'RSS high-water mark during the steps'} {mem:.2f} "
             f"({'meets' if mem <= 1.0 else 'misses'} the target <= 1.0)"

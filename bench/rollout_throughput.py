@@ -15,7 +15,9 @@ Median of --repeats after one warm-up of each, the three interleaved, by wall ti
 process's CPU time (the steadier figure when other work shares the machine); torch intra-op threads fixed
 by --threads (default 1, the share generation gets when it runs beside the trainer). Two sizes by
 default: the tiny model (hidden 64, 2 layers) and a larger one (hidden 256, 4 layers, 32 new
-tokens), so the ratio is not only Python overhead on a toy. Target: ours / bare >= 0.9.
+tokens), so the ratio is not only Python overhead on a toy. Target: ours / bare >= 0.9. Each size
+also prints its decode's distance to the limit: tokens/s against `roofline.decode_roofline` (this
+machine's bandwidth and float32 peak, measured at the start of the run).
 
     PYTHONPATH=. .venv/bin/python bench/rollout_throughput.py [--repeats 5] [--threads 1]
         [--sizes tiny,large] [--prompts 8] [--samples 8]
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lm_common
+import roofline
 import torch
 
 from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts, load_prompt_set, prompts_for_step, render
@@ -102,7 +105,11 @@ def bench_size(size: Size, args, root: Path) -> dict[str, tuple[int, float]]:
             if repeat:  # the first round is the warm-up
                 samples[name].append((tokens, wall, cpu))
     # median by tokens/s; tokens, wall and CPU time of that same run
-    return {k: sorted(v, key=lambda r: r[0] / r[1])[len(v) // 2] for k, v in samples.items()}
+    result = {k: sorted(v, key=lambda r: r[0] / r[1])[len(v) // 2] for k, v in samples.items()}
+    tokens = result["ours: decode only"][0]
+    context = sum(len(p) for p in prompt_ids) / rows + tokens / rows / 2
+    bound = roofline.decode_roofline(args.machine, roofline.Shape.of(policy.model.get_base_model().config), rows, context)
+    return {**result, "roofline": (int(bound), 1.0, 1.0)}
 
 
 def main() -> None:
@@ -117,6 +124,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    args.machine = roofline.measure(args.threads)
+    print(args.machine.line())
     rows = args.prompts * args.samples
     print(
         f"rollout throughput: {rows} rows ({args.prompts} prompts x {args.samples} samples), temperature "
@@ -126,6 +135,7 @@ def main() -> None:
         for key in args.sizes.split(","):
             size = SIZES[key.strip()]
             result = bench_size(size, args, Path(d))
+            bound = result.pop("roofline")[0]
             bare = result["bare model.generate"]
             bare_tps, bare_cpu_tps = bare[0] / bare[1], bare[0] / bare[2]
             print(f"\n{size.name}: hidden {size.hidden}, {size.layers} layers, {size.max_new_tokens} new tokens")
@@ -143,6 +153,10 @@ def main() -> None:
                     f"by CPU time {tokens / cpu / bare_cpu_tps:.2f})"
                 )
             print(f"text and records: {ours[1] - decode[1]:.4f} s of the rollouts' {ours[1]:.4f} s")
+            print(
+                f"distance to the limit: decode only {decode[0] / decode[1]:.0f} tokens/s = {decode[0] / decode[1] / bound:.2f} "
+                f"of the roofline {bound} tokens/s; bare {bare_tps / bound:.2f} (`roofline.decode_roofline`)"
+            )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from dagster_rl.tasks.lm.model.logprobs import completion_logprobs, pack
 from dagster_rl.tasks.lm.model.policy import checkpoint_bytes, make_optimizer
 from dagster_rl.tasks.lm.settings import GRPOLMSettings
 from dagster_rl.tasks.lm.train.grpo_loss import grpo_batch_loss, grpo_sample_loss
-from dagster_rl.tasks.lm.train.trainer import TrainSample, build_samples, micro_batches, train_step
+from dagster_rl.tasks.lm.train.trainer import TrainSample, build_samples, micro_batches, plan_micro_batches, train_step
 from tests.lm_fixtures import GRPO, assert_within_summation_bound, fresh_policy, gradient_terms, positions, step_batch
 
 STALE = GRPOLMSettings(**{**GRPO.model_dump(), "kl_beta": 0.5, "clip_eps": 0.05})
@@ -171,3 +171,84 @@ def test_on_policy_the_update_does_not_depend_on_the_samplers_float_noise(tiny_d
     assert trained(samples, "sampler")[0] != trained(noisy, "sampler")[0]  # the sampler's noise enters the update
     with pytest.raises(ValueError, match="old_logp"):
         train_step(policy, make_optimizer(policy, GRPO), samples, len(samples), GRPO, facts, old_logp="behavior")
+
+
+def _padded(lengths: list[int], runs: list[tuple[int, int]]) -> int:
+    return sum((end - start) * lengths[end - 1] - sum(lengths[start:end]) for start, end in runs)
+
+
+def _fits(lengths: list[int], budget: int, runs: list[tuple[int, int]]) -> bool:
+    return all(e - s == 1 or (e - s) * lengths[e - 1] <= budget for s, e in runs)
+
+
+def _all_cuts(n: int):
+    """Every cut of n ascending lengths into runs [start, end)."""
+    for mask in range(2 ** max(n - 1, 0)):
+        bounds = [0, *(i + 1 for i in range(n - 1) if mask >> i & 1), n]
+        yield list(zip(bounds, bounds[1:], strict=False))
+
+
+def test_micro_batches_are_as_few_as_fit_and_pad_the_least_among_those():
+    """Against every cut of small random batches: no cut that fits the budget has fewer runs, and
+    none with as few runs pads less; a run of one fits whatever its length."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n, budget = rng.randint(1, 9), rng.randint(5, 60)
+        lengths = sorted(rng.randint(1, 20) for _ in range(n))
+        runs = plan_micro_batches(lengths, budget)
+        assert [i for s, e in runs for i in range(s, e)] == list(range(n))
+        assert _fits(lengths, budget, runs)
+        best = min((len(c), _padded(lengths, c)) for c in _all_cuts(n) if _fits(lengths, budget, c))
+        assert (len(runs), _padded(lengths, runs)) == best, (lengths, budget, runs)
+    with pytest.raises(ValueError, match="ascending"):
+        plan_micro_batches([3, 2], 10)
+
+
+def test_the_padded_share_is_reported(tiny_dir, stale_batch):
+    files, samples, facts = stale_batch
+    grpo = STALE.model_copy(update={"micro_batch_tokens": 64})
+    policy = fresh_policy(tiny_dir, files)
+    metrics = train_step(policy, make_optimizer(policy, grpo, files), samples, len(samples), grpo, facts)
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    batches = micro_batches(samples, 64)
+    total = sum(len(b) * max(lengths[i] for i in b) for b in batches)
+    assert metrics.pad_share == pytest.approx((total - sum(lengths)) / total, abs=1e-12)
+    assert 0.0 <= metrics.pad_share < 0.5
+
+
+def test_at_kl_beta_0_the_reference_forward_is_skipped_and_the_same_bytes_are_trained(tiny_dir, stale_batch, monkeypatch):
+    """Nothing the update computes depends on the reference at kl_beta 0 but the KL it reports: it
+    skips the reference forward, reports `kl` as not computed (None), and trains the adapter and
+    optimizer state the reference forward would have trained, byte for byte."""
+    from dagster_rl.tasks.lm.train import trainer
+
+    files, samples, facts = stale_batch
+    grpo = STALE.model_copy(update={"kl_beta": 0.0, "micro_batch_tokens": 64})
+    forwards = []
+    counted = trainer.packed_logprobs
+
+    def counting(model, batch):
+        forwards.append(torch.is_grad_enabled())
+        return counted(model, batch)
+
+    monkeypatch.setattr(trainer, "packed_logprobs", counting)
+
+    def trained():
+        policy = fresh_policy(tiny_dir, files)
+        optimizer = make_optimizer(policy, grpo, files)
+        metrics = train_step(policy, optimizer, samples, len(samples), grpo, facts)
+        return metrics, checkpoint_bytes(policy, optimizer)
+
+    skipped, skipped_files = trained()
+    n_batches = len(micro_batches(samples, 64))
+    assert forwards == [True] * n_batches and n_batches > 1  # no no-grad (reference) forward
+    assert skipped.kl is None and "kl" not in skipped.model_dump(exclude_none=True)
+    forwards.clear()
+    monkeypatch.setattr(trainer, "reference_needed", lambda grpo: True)
+    computed, computed_files = trained()
+    assert forwards == [False] * n_batches + [True] * n_batches
+    assert computed.kl is not None and computed.kl > 0
+    assert computed_files == skipped_files
+    assert computed.model_dump(exclude={"kl"}) == skipped.model_dump(exclude={"kl"})

@@ -43,6 +43,7 @@ def vllm_cpu_command(
     logprobs_mode: str = "processed_logprobs",
     max_model_len: int | None = None,
     kvcache_gib: int = 1,
+    prefix_block: int = 32,
 ) -> list[str]:
     """vLLM's CPU build (`vllm-cpu`, whose `vllm` console script does not start) serving `model` for the
     `openai_server` backend: LoRA on (the environment sets VLLM_ALLOW_RUNTIME_LORA_UPDATING), the
@@ -55,12 +56,15 @@ def vllm_cpu_command(
     KV cache (VLLM_CPU_KVCACHE_SPACE). Chunked prefill is off: vLLM 0.32's CPU build dies
     (`RuntimeError: CPU Generator does not use offset`, the engine dead, every request HTTP 500) when
     it splits the prompt of a seeded request, which it does once the prompts in flight hold more
-    than its 2,048 batched tokens (64 SmolLM2 rollouts of a step do)."""
+    than its 2,048 batched tokens (64 SmolLM2 rollouts of a step do). Prefix caching is on, named
+    (vLLM 0.32 turns it on by default, a default that may move), with blocks of `prefix_block` tokens:
+    vLLM reuses whole blocks only, and its CPU build's default block of 128 tokens is longer than a
+    whole agent episode here, so an episode's next turn would compute its whole sequence again."""
     return [
         "env", f"VLLM_CPU_KVCACHE_SPACE={kvcache_gib}", "VLLM_CPU_OMP_THREADS_BIND=nobind", *([f"OMP_NUM_THREADS={threads}"] if threads else []),
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", host, "--port", str(port),
         f"--dtype={dtype}", "--enable-lora", f"--max-lora-rank={max_lora_rank}", f"--max-loras={max_loras}",
-        f"--logprobs-mode={logprobs_mode}", "--no-enable-chunked-prefill",
+        f"--logprobs-mode={logprobs_mode}", "--no-enable-chunked-prefill", "--enable-prefix-caching", f"--block-size={prefix_block}",
         *([f"--generation-config={generation_config}"] if generation_config else []),
         *([f"--served-model-name={served_model_name}"] if served_model_name else []),
         *([f"--max-model-len={max_model_len}"] if max_model_len else []),

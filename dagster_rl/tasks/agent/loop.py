@@ -41,9 +41,9 @@ from dagster_rl.tasks.lm.weights import base_weights, stored_weights, torch_thre
 
 CODE_VERSIONS = {
     "warmup": "agent-sft-1",
-    "rollouts": "agent-hf-rollouts-1",
+    "rollouts": "agent-hf-rollouts-2",  # 2: hf turns continue the KV cache of the turn before (other float rounding)
     "rewards": "agent-rubric-1",
-    "evaluation": "agent-greedy-eval-1",
+    "evaluation": "agent-greedy-eval-2",  # 2: its greedy turns continue the KV cache (a tie may break otherwise)
 }
 
 

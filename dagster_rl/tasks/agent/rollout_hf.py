@@ -1,9 +1,12 @@
 """Multi-turn rollouts on `transformers`, batched by turn: every live trial advances one turn together.
 
-Each turn is one call of the single-turn sampler (`dagster_rl.tasks.lm.rollout.sampling.generate`: a KV-cache
-decode of a left-padded batch, one seeded generator per row, each sampled token's log-prob recorded
-from the logits it was drawn from) over the live trials' whole sequences, with each trial's seed
-for that turn and the per-turn token budget. A trial that ends leaves the batch; the others go on.
+Each turn is one call of the single-turn sampler (`dagster_rl.tasks.lm.rollout.sampling.generate_cached`: a
+KV-cache decode of a left-padded batch, one seeded generator per row, each sampled token's log-prob
+recorded from the logits it was drawn from) over the live trials' sequences, with each trial's seed
+for that turn and the per-turn token budget. The batch keeps its KV cache from one turn to the next
+(`TurnBatch`), so a turn computes only what the sequences gained since the last one (its last sampled
+token, the observation), not their whole length again. A trial that ends leaves the batch (and
+its rows of the cache); the others go on.
 What a row samples depends on its seed and its logits alone, not on its batch, so a retried trial
 replays its turns wherever the logits agree.
 
@@ -20,12 +23,15 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import torch
+
 from dagster_rl.core.records import TrialFailed
 from dagster_rl.core.retries import describe
 from dagster_rl.tasks.agent.episode import Episode, Stage
 from dagster_rl.tasks.agent.records import AgentTrajectory, EpisodeRequest
 from dagster_rl.tasks.lm.model.policy import Policy
-from dagster_rl.tasks.lm.rollout.sampling import generate
+from dagster_rl.tasks.lm.rollout.kv_cache import BatchKV, RowKV
+from dagster_rl.tasks.lm.rollout.sampling import Generation, generate_cached
 from dagster_rl.tasks.lm.settings import SamplingSettings
 
 Outcome = AgentTrajectory | TrialFailed
@@ -96,28 +102,57 @@ def run_episodes(
             environment_s[episode.request.trial_id] = environment_s.get(episode.request.trial_id, 0.0) + time.monotonic() - t0
         return None
 
+    # batches formed once; each keeps its KV cache from turn to turn, and its finished trials leave it
+    batches = [TurnBatch(live[start : start + batch_size]) for start in range(0, len(live), batch_size)]
     try:
         with policy.merged() as model, ThreadPoolExecutor(min(max(len(live), 1), batch_size), "environment") as pool:
-            while live:
-                for start in range(0, len(live), batch_size):
-                    batch = live[start : start + batch_size]
-                    gens = generate(
-                        model, [e.ids for e in batch], [e.turn_seed for e in batch], sampling, tok.eos_token_id, tok.pad_token_id
-                    )
-                    for trajectory in pool.map(answer, batch, gens):
+            while batches:
+                for batch in batches:
+                    gens = batch.generate(model, sampling, tok.eos_token_id, tok.pad_token_id)
+                    for trajectory in pool.map(answer, batch.episodes, gens):
                         if trajectory is not None:
                             outcomes[trajectory.trial_id] = trajectory
                             if on_done is not None:
                                 on_done(trajectory)
-                still = []
-                for episode in live:
-                    if episode.live and episode.request.trial_id not in outcomes:
-                        still.append(episode)
-                    else:
+                for batch in batches:
+                    for episode in batch.keep(lambda e: e.live and e.request.trial_id not in outcomes):
                         record_times(times, episode, environment_s.get(episode.request.trial_id, 0.0))
                         episode.close()
-                live = still
+                batches = [b for b in batches if b.episodes]
     finally:
-        for episode in live:
-            episode.close()
+        for batch in batches:
+            for episode in batch.episodes:
+                episode.close()
     return [outcomes[r.trial_id] for r in requests]
+
+
+class TurnBatch:
+    """Live episodes that advance one turn together, and the KV cache of each, as its last turn left
+    it (`sampling.generate_cached`): a turn computes only each sequence's new tokens (the last sampled
+    token, the observation), not the whole sequence again."""
+
+    def __init__(self, episodes: list[Episode]):
+        self.episodes = episodes
+        self.kv: list[RowKV] | None = None
+
+    def generate(self, model: torch.nn.Module, sampling: SamplingSettings, eos_id: int, pad_id: int) -> list[Generation]:
+        past = BatchKV.stack(self.kv) if self.kv is not None else None
+        gens, self.kv = generate_cached(
+            model,
+            [e.ids for e in self.episodes],
+            [e.turn_seed for e in self.episodes],
+            sampling,
+            eos_id,
+            pad_id,
+            past=past,
+            keep=True,
+        )
+        return gens
+
+    def keep(self, live: Callable[[Episode], bool]) -> list[Episode]:
+        """Keep the episodes `live` says go on (and their caches); returns the others."""
+        kept = [i for i, e in enumerate(self.episodes) if live(e)]
+        gone = [e for e in self.episodes if not live(e)]
+        self.kv = [self.kv[i] for i in kept] if self.kv is not None else None
+        self.episodes = [self.episodes[i] for i in kept]
+        return gone

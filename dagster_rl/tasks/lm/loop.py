@@ -317,7 +317,9 @@ class LMLoop:
                         "grad_norm",
                         "samples_used",
                         "groups_with_signal",
+                        "pad_share",
                     )  # fmt: skip
+                    if k in stats.metrics  # kl: not computed at kl_beta 0
                 },
                 **{k: v for k, v in stats.metrics.items() if k in CORRECTION_METRICS},
                 "policy_lag": float(previous.version - behavior_version),

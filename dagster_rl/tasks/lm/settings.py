@@ -107,7 +107,10 @@ class MismatchCorrection(Strict):
 class GRPOLMSettings(Strict):
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="the importance ratio is clipped to [1 - clip_eps, 1 + clip_eps]")
     kl_beta: float = Field(
-        0.04, ge=0.0, le=bounds.MAX_KL_BETA, description="weight of the k3 KL to the reference; 0: reported only"
+        0.04,
+        ge=0.0,
+        le=bounds.MAX_KL_BETA,
+        description="weight of the k3 KL to the reference; 0: no KL term, and no reference forward (the step reports no `kl`)",
     )
     kl_reference: Literal["base", "sft"] = Field(
         "base", description="the KL term's reference: the original base model, or the supervised warm-up (`warmup`)"

@@ -52,10 +52,16 @@ def warmup_files(exp: Exp, store: ArtifactStore) -> tuple[dict[str, bytes], Arti
     if settings is None:
         raise ValueError(f"experiment {exp.name} has no warmup section")
     # the check that stops it at a target accuracy scores like the held-out evaluation
-    # (its verifier's version too, where it is not the number rule: {} for every run before there were others)
+    # (its verifier's version too, where it is not the number rule: {} for every run before there were others;
+    # its greedy completions are the evaluation's: keyed by the evaluation's code version)
     scorer = scorer_of(exp).without_functions()  # accuracy alone: the functions' terms are no part of it
     check = (
-        {"rubric": exp.rubric, "max_new_tokens": exp.eval_max_new_tokens, **scorer.key_inputs()}
+        {
+            "rubric": exp.rubric,
+            "max_new_tokens": exp.eval_max_new_tokens,
+            "evaluation": CODE_VERSIONS["evaluation"],
+            **scorer.key_inputs(),
+        }
         if settings.target_accuracy
         else None
     )

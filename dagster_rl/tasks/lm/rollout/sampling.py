@@ -8,6 +8,11 @@ and sent to the model's device once. A token is drawn by inverse CDF over the te
 cut to its top-p nucleus (the smallest set of most likely tokens whose mass reaches top_p).
 Temperature 0 is greedy (argmax, first on ties).
 
+Rows that sampled their eos leave the forward batch once no more than `COMPACT_AT` of it is live
+(`Decode`): a step computes the rows still sampling, not every row until the longest ends. A call
+can continue the KV cache of an earlier one (`generate_cached`, `kv_cache`), so that only a
+sequence's new tokens are computed (an episode's next turn).
+
 At every step the sampler also records log softmax(logits / temperature) of the token it drew,
 from the logits it drew it from (`logprobs.token_logprobs`): the behavior log-probs the loss's
 importance ratio needs, with no second forward; and, when asked (`top_logprobs` = k), the k most
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from dagster_rl.tasks.lm.model.logprobs import token_logprobs
+from dagster_rl.tasks.lm.rollout.kv_cache import CACHE_ARG, BatchKV, RowKV, cache_of, carryable, take_row
 from dagster_rl.tasks.lm.settings import SamplingSettings
 
 
@@ -65,13 +71,6 @@ def uniforms(seed: int, n: int) -> torch.Tensor:
     return torch.rand(n, generator=torch.Generator().manual_seed(seed % 2**63), dtype=torch.float64)
 
 
-def _cache_kwarg(out) -> dict:
-    """transformers >= 5.2x names the KV cache `cache`; earlier 5.x `past_key_values`."""
-    if "cache" in out:
-        return {"cache": out["cache"]}
-    return {"past_key_values": out["past_key_values"]}
-
-
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
@@ -84,56 +83,161 @@ def generate(
 ) -> list[Generation]:
     """Sample a completion for every prompt (left-padded batch, KV cache), row i seeded by seeds[i];
     a row ends at `eos_id` (included; -1: never) or after max_new_tokens."""
+    return generate_cached(model, prompts, seeds, sampling, eos_id, pad_id, top_logprobs)[0]
+
+
+# a decode batch drops its finished rows once no more than this share of its rows is live (`Decode.compact`)
+COMPACT_AT = 0.75
+
+
+@torch.no_grad()
+def generate_cached(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    seeds: list[int],
+    sampling: SamplingSettings,
+    eos_id: int,
+    pad_id: int,
+    top_logprobs: int = 0,
+    past: BatchKV | None = None,
+    keep: bool = False,
+) -> tuple[list[Generation], list[RowKV] | None]:
+    """`generate`, continuing `past` (`kv_cache`): row i's cached tokens must begin its prompt, and
+    only the rest of the prompt is a forward. With `keep`, also each row's KV cache for a next call
+    (its prompt and the completion tokens fed to the model: all but a last one that ended its
+    decode), or None where the cache cannot carry over (`kv_cache.carryable`)."""
     if len(prompts) != len(seeds):
         raise ValueError(f"{len(prompts)} prompts for {len(seeds)} seeds")
     if not prompts:
-        return []
+        return [], [] if keep else None
     if any(not p for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    device = next(model.parameters()).device
-    rows, steps, temperature = len(prompts), sampling.max_new_tokens, sampling.temperature
-    # row i's t-th uniform is draws[i, t]: torch.rand(n) of a CPU generator is its next n uniforms
-    draws = None if temperature == 0 else torch.stack([uniforms(s, steps) for s in seeds]).to(device)
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    tokens = torch.full((rows, steps), pad_id, dtype=torch.long, device=device)
-    logps = torch.zeros((rows, steps), dtype=torch.float32, device=device)
-    top_ids = torch.zeros((rows, steps, top_logprobs), dtype=torch.long, device=device)
-    top_lps = torch.zeros((rows, steps, top_logprobs), dtype=torch.float32, device=device)
-    done = torch.zeros(rows, dtype=torch.bool, device=device)
-    # logits of the last position only: the (B, width, V) ones of a real vocabulary are gigabytes
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    ones = torch.ones((rows, 1), dtype=mask.dtype, device=device)
-    for t in range(steps):
-        logits = out.logits[:, -1].float()
-        chosen = choose_tokens(logits, temperature, sampling.top_p, None if draws is None else draws[:, t])
-        chosen = torch.where(done, pad_id, chosen)  # finished rows feed padding (their draw goes unused)
-        tokens[:, t] = chosen
-        logps[:, t] = token_logprobs(logits, chosen, temperature)
-        if top_logprobs:
-            tempered = logits if temperature in (0, 1) else logits / temperature
-            top_lps[:, t], top_ids[:, t] = torch.topk(
-                torch.log_softmax(tempered, dim=-1), min(top_logprobs, logits.shape[-1]), dim=-1
+    cached: list[list[int]] = [[] for _ in prompts] if past is None else past.tokens
+    if past is not None and (
+        past.rows != len(prompts) or any(len(c) >= len(p) or list(p[: len(c)]) != c for c, p in zip(cached, prompts, strict=True))
+    ):
+        raise ValueError("a past's rows must each begin their prompt, and leave at least one of its tokens to compute")
+    decode = Decode(model, prompts, seeds, sampling, eos_id, pad_id, top_logprobs, keep)
+    decode.prefill([list(p[len(c) :]) for p, c in zip(prompts, cached, strict=True)], past)
+    decode.run()
+    gens = [_row(toks, lps, eos_id) for toks, lps in zip(decode.tokens.tolist(), decode.logps.tolist(), strict=True)]
+    kept = decode.rows() if keep else None
+    if top_logprobs:
+        tops = [
+            [list(zip(i, v, strict=True)) for i, v in zip(ids, lps, strict=True)]
+            for ids, lps in zip(decode.top_ids.tolist(), decode.top_lps.tolist(), strict=True)
+        ]
+        gens = [
+            Generation(g.completion_ids, g.logprobs, g.finish_reason, top[: len(g.completion_ids)])
+            for g, top in zip(gens, tops, strict=True)
+        ]
+    return gens, kept
+
+
+class Decode:
+    """One batch's decode loop: the rows still in the forward batch (`at`: their rows of the request),
+    its KV cache, attention mask and positions, and what each row sampled.
+
+    A row that sampled its eos keeps its place (fed padding, its draws unused) until no more than
+    `COMPACT_AT` of the batch is live: then the finished rows leave the forward batch (and their
+    cache), so that a step computes the rows still sampling, not all of them until the longest ends.
+    `real` marks the cache columns that hold a row's tokens (the attention mask, less the padding a
+    finished row was fed): what a row's KV cache is when `keep` asks for it."""
+
+    def __init__(self, model, prompts, seeds, sampling: SamplingSettings, eos_id: int, pad_id: int, top: int, keep: bool):
+        self.model, self.prompts, self.sampling, self.eos_id, self.pad_id, self.keep = (
+            model,
+            prompts,
+            sampling,
+            eos_id,
+            pad_id,
+            keep,
+        )
+        self.device = device = next(model.parameters()).device
+        rows, steps = len(prompts), sampling.max_new_tokens
+        # row i's t-th uniform is draws[i, t]: torch.rand(n) of a CPU generator is its next n uniforms
+        self.draws = None if sampling.temperature == 0 else torch.stack([uniforms(s, steps) for s in seeds]).to(device)
+        self.tokens = torch.full((rows, steps), pad_id, dtype=torch.long, device=device)
+        self.logps = torch.zeros((rows, steps), dtype=torch.float32, device=device)
+        self.top_ids = torch.zeros((rows, steps, top), dtype=torch.long, device=device)
+        self.top_lps = torch.zeros((rows, steps, top), dtype=torch.float32, device=device)
+        self.done = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.at = torch.arange(rows, device=device)
+        self.left: dict[int, RowKV] = {}  # rows that left the forward batch, their KV cache (with `keep`)
+
+    def prefill(self, new: list[list[int]], past: BatchKV | None) -> None:
+        """The forward of each row's new tokens (left-padded), after its cached ones."""
+        width, device = max(len(n) for n in new), self.device
+        ids = torch.tensor([[self.pad_id] * (width - len(n)) + n for n in new], device=device)
+        mask = torch.tensor([[0] * (width - len(n)) + [1] * len(n) for n in new], device=device)
+        start = torch.tensor([len(p) - len(n) for p, n in zip(self.prompts, new, strict=True)], device=device)
+        self.positions = (start[:, None] + mask.cumsum(-1) - 1).clamp(min=0)
+        if past is not None:
+            mask = torch.cat([past.real.to(device=device, dtype=mask.dtype), mask], dim=1)
+        self.mask = self.real = mask
+        cache = {} if past is None else {CACHE_ARG: past.fresh_cache()}
+        # logits of the last position only: the (B, width, V) ones of a real vocabulary are gigabytes
+        self.out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=self.positions, use_cache=True, logits_to_keep=1, **cache
+        )
+
+    def run(self) -> None:
+        temperature, at = self.sampling.temperature, self.at
+        for t in range(self.sampling.max_new_tokens):
+            at = self.at
+            logits = self.out.logits[:, -1].float()
+            chosen = choose_tokens(logits, temperature, self.sampling.top_p, None if self.draws is None else self.draws[at, t])
+            live = ~self.done[at]  # rows whose token of this step is theirs (finished rows feed padding; their draw goes unused)
+            chosen = torch.where(live, chosen, self.pad_id)
+            self.tokens[at, t] = chosen
+            self.logps[at, t] = token_logprobs(logits, chosen, temperature)
+            if self.top_ids.shape[-1]:
+                tempered = logits if temperature in (0, 1) else logits / temperature
+                self.top_lps[at, t], self.top_ids[at, t] = torch.topk(
+                    torch.log_softmax(tempered, dim=-1), min(self.top_ids.shape[-1], logits.shape[-1]), dim=-1
+                )
+            self.done[at] |= chosen == self.eos_id
+            if t + 1 == self.sampling.max_new_tokens or bool(self.done.all()):
+                break
+            still = ~self.done[at]
+            if int(still.sum()) <= COMPACT_AT * len(at) and carryable(cache_of(self.out)):
+                chosen, live = self.compact(still, chosen, live)
+            ones = torch.ones((len(self.at), 1), dtype=self.mask.dtype, device=self.device)
+            self.mask = torch.cat([self.mask, ones], dim=1)
+            self.real = torch.cat([self.real, live[:, None].to(self.mask.dtype)], dim=1)
+            self.positions = self.positions[:, -1:] + 1
+            self.out = self.model(
+                input_ids=chosen[:, None],
+                attention_mask=self.mask,
+                position_ids=self.positions,
+                use_cache=True,
+                **{CACHE_ARG: cache_of(self.out)},
             )
-        done |= chosen == eos_id
-        if t + 1 == steps or bool(done.all()):
-            break
-        mask = torch.cat([mask, ones], dim=1)
-        positions = positions[:, -1:] + 1
-        out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=positions, use_cache=True, **_cache_kwarg(out))
-    gens = [_row(toks, lps, eos_id) for toks, lps in zip(tokens.tolist(), logps.tolist(), strict=True)]
-    if not top_logprobs:
-        return gens
-    tops = [
-        [list(zip(i, v, strict=True)) for i, v in zip(ids, lps, strict=True)]
-        for ids, lps in zip(top_ids.tolist(), top_lps.tolist(), strict=True)
-    ]
-    return [
-        Generation(g.completion_ids, g.logprobs, g.finish_reason, top[: len(g.completion_ids)])
-        for g, top in zip(gens, tops, strict=True)
-    ]
+
+    def compact(self, still: torch.Tensor, chosen: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The finished rows leave the forward batch (with `keep`, their KV cache is taken first)."""
+        cache = cache_of(self.out)
+        if self.keep:
+            for b in torch.nonzero(~still)[:, 0].tolist():
+                self.left[int(self.at[b])] = self._kv_of(cache, b)
+        stay = torch.nonzero(still)[:, 0]
+        cache.batch_select_indices(stay)
+        self.at, self.mask, self.real, self.positions = (x[stay] for x in (self.at, self.mask, self.real, self.positions))
+        return chosen[stay], live[stay]
+
+    def _kv_of(self, cache, b: int) -> RowKV:
+        """Batch row b's KV cache: its prompt and the completion tokens it was fed."""
+        row = int(self.at[b])
+        fed = int(self.real[b].sum()) - len(self.prompts[row])
+        return take_row(cache, b, self.real[b], [*self.prompts[row], *self.tokens[row, :fed].tolist()])
+
+    def rows(self) -> list[RowKV] | None:
+        """Every row's KV cache (`keep`), or None where the cache cannot carry over."""
+        cache = cache_of(self.out)
+        if not carryable(cache):
+            return None
+        rows = {**self.left, **{int(r): self._kv_of(cache, b) for b, r in enumerate(self.at.tolist())}}
+        return [rows[i] for i in range(len(self.prompts))]
 
 
 def _row(tokens: list[int], logps: list[float], eos_id: int) -> Generation:

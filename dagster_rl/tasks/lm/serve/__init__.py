@@ -6,5 +6,6 @@ protocol the loop uses.
     errors    vLLM's error format (`APIError`), a pydantic validation error worded as one
     batcher   concurrent requests run in batches of one group, each answered with its own result
     engine    the base model, its LoRA adapters by name, the generation of one batch
+    prefix_cache  the KV caches of the sequences served, by token prefix: a continued sequence computes its new tokens only
     cli       the command line (loads no model code for `--help`)
 """

@@ -242,7 +242,7 @@ def server_config(app: App, host: str, port: int) -> uvicorn.Config:
 
 def main(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = Engine(args.model, args.served_model_name, args.dtype, adapter_roots(args))
+    engine = Engine(args.model, args.served_model_name, args.dtype, adapter_roots(args), args.prefix_cache_mib)
     app = App(engine, args.max_batch)
     log.info(
         "serving %s at http://%s:%d/v1 (batches of at most %d; adapters from %s)",

@@ -43,6 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--max-batch", type=positive_int, default=64, help="requests generated together at most (>= 1)")
     parser.add_argument(
+        "--prefix-cache-mib",
+        type=int,
+        default=1024,
+        metavar="MIB",
+        help="memory for the KV caches of the sequences served, kept by token prefix: a request that continues one "
+        "(an episode's next turn) computes only its new tokens (0: off)",
+    )
+    parser.add_argument(
         "--adapter-root",
         action="append",
         default=[],

@@ -1,6 +1,7 @@
 """The engine of `dagster-rl serve`: the base model, its tokenizer, the LoRA adapters loaded by name
 (from allowed folders only, each load complete or undone), and the generation of one batch with
-the `hf` rollout backend's sampler."""
+the `hf` rollout backend's sampler, continuing the KV cache of any sequence it served that the
+request's prompt begins with (`prefix_cache`)."""
 
 import logging
 import os
@@ -20,9 +21,11 @@ from transformers import PreTrainedModel
 from dagster_rl.inference.server_process import ADAPTER_ROOTS_ENV
 from dagster_rl.tasks.lm.model.build import building
 from dagster_rl.tasks.lm.model.policy import ADAPTER, ADAPTER_CONFIG, load_base
-from dagster_rl.tasks.lm.rollout.sampling import generate
+from dagster_rl.tasks.lm.rollout.kv_cache import BatchKV
+from dagster_rl.tasks.lm.rollout.sampling import generate_cached
 from dagster_rl.tasks.lm.serve.batcher import BatchCancelled
 from dagster_rl.tasks.lm.serve.errors import AdapterLoadError, APIError
+from dagster_rl.tasks.lm.serve.prefix_cache import PrefixCache
 from dagster_rl.tasks.lm.serve.protocol import CompletionRequest, CompletionResult
 from dagster_rl.tasks.lm.settings import SamplingSettings
 
@@ -37,7 +40,14 @@ class Engine:
     and a load either completes or leaves the model as it was: a load that fails is undone, and
     unloading the last adapter returns the model to its base."""
 
-    def __init__(self, model: str, served_name: str | None = None, dtype: str = "float32", adapter_roots: Sequence[str] = ()):
+    def __init__(
+        self,
+        model: str,
+        served_name: str | None = None,
+        dtype: str = "float32",
+        adapter_roots: Sequence[str] = (),
+        prefix_cache_mib: int = 1024,
+    ):
         self.model_arg, self.name = model, served_name or model
         base, self.tokenizer = load_base(model, dtype)
         self.base = base.eval()
@@ -50,6 +60,8 @@ class Engine:
         self.vocab = int(embeddings.num_embeddings)  # the ids the model has rows for
         self.max_model_len = int(getattr(base.config, "max_position_embeddings", 0) or 0) or None
         self.lock = threading.Lock()  # the model: one batch or one adapter change at a time
+        # the KV cache of what it served, by token prefix (None: off): an episode's next turn computes only its new tokens
+        self.prefixes = PrefixCache(prefix_cache_mib * 2**20) if prefix_cache_mib > 0 else None
 
     # ---- adapters ----------------------------------------------------------------------------
     def check_adapter_folder(self, name: str, path: str) -> Path:
@@ -111,6 +123,7 @@ class Engine:
                 ) from None
             if name in self._internal:  # load_inplace: the new weights replace the old ones
                 self._delete(self._internal[name])
+                self._forget(self._internal[name])
             self.adapters[name], self._internal[name] = path, internal
         log.info("Loaded new LoRA adapter: name '%s', path '%s'", name, path)
 
@@ -123,7 +136,9 @@ class Engine:
             if name not in self.adapters:
                 raise APIError(HTTPStatus.NOT_FOUND, f"The lora adapter '{name}' cannot be found.", "NotFoundError", "lora_name")
             del self.adapters[name]
-            self._delete(self._internal.pop(name))
+            internal = self._internal.pop(name)
+            self._delete(internal)
+            self._forget(internal)
         log.info("Removed LoRA adapter: name '%s'", name)
 
     def _delete(self, internal: str) -> None:
@@ -135,6 +150,11 @@ class Engine:
         with warnings.catch_warnings():  # PEFT warns when the active adapter goes: the next batch sets its own
             warnings.filterwarnings("ignore", message="Adapter .* was active which is now deleted")
             self.peft.delete_adapter(internal)
+
+    def _forget(self, internal: str) -> None:
+        """Drop the prefix cache's entries of an adapter that is gone (its internal name is never reused)."""
+        if self.prefixes is not None:
+            self.prefixes.drop(internal)
 
     def _undo(self, internal: str) -> None:
         """Remove what a failed load of `internal` left: its adapter, or every LoRA layer when it was the first."""
@@ -202,9 +222,23 @@ class Engine:
                 self._select(first.model), cancelled, base_only=first.model not in self.adapters and self.peft is not None
             )
             top = max(r.logprobs or 0 for r in batch)
-            gens = generate(
-                model, [r.prompt_ids for r in batch], [r.seed for r in batch], sampling, first.stop_id, tok.pad_token_id, top
+            # whose numbers the KV cache holds: the adapter's load, or the base (adapters disabled)
+            computed_by = self._internal.get(first.model, "base")
+            prompts = [r.prompt_ids for r in batch]
+            past = BatchKV.stack([self.prefixes.lookup(computed_by, p) for p in prompts]) if self.prefixes else None
+            gens, kept = generate_cached(
+                model,
+                prompts,
+                [r.seed for r in batch],
+                sampling,
+                first.stop_id,
+                tok.pad_token_id,
+                top,
+                past=past,
+                keep=self.prefixes is not None,
             )
+            if self.prefixes is not None and kept is not None:
+                self.prefixes.store(computed_by, kept)
         return [
             CompletionResult(
                 list(g.completion_ids), list(g.logprobs), g.finish_reason, g.top and [t[: r.logprobs] for t in g.top]

@@ -444,7 +444,7 @@ class _Inbox:
 
 def _pipes_reporter(pipes, asset_key: str | None = None):
     def report(metrics: TrainMetrics, checkpoint_hash: str, job: TrainJob, timings: dict[str, float]) -> None:
-        values = metrics.model_dump(exclude_none=True)
+        values = metrics.model_dump(exclude_none=True)  # kl: absent when not computed (kl_beta 0)
         step = "" if job.step is None else f" (step {job.step:04d})"
         pipes.log.info(f"trained adapter v{metrics.version}{step}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
         pipes.report_custom_message({"step": job.step, "metrics": values, "checkpoint_hash": checkpoint_hash, "timings": timings})

@@ -70,7 +70,7 @@ class TrainMetrics(Record):
     version: int  # of the adapter this step produced
     loss: float  # mean over samples
     ratio: float  # mean over samples of the token mean
-    kl: float
+    kl: float | None  # mean k3 KL to the reference; None (absent): not computed, at kl_beta 0 (`reference_needed`)
     clip_frac: float
     ratio_max_dev: (
         float  # max over the step's tokens of |ratio - 1|: 0 on-policy (old = the trainer's own), the lag's drift off it
@@ -88,6 +88,7 @@ class TrainMetrics(Record):
     groups_with_signal: int
     mean_reward: float
     world_size: int
+    pad_share: float  # padded tokens / all tokens of the step's micro-batches (`padding`)
 
 
 def build_samples(
@@ -137,17 +138,47 @@ def shard(samples: Sequence[TrainSample], rank: int, world_size: int) -> list[Tr
 
 def micro_batches(samples: Sequence[TrainSample], budget: int) -> list[list[int]]:
     """Indices of `samples` grouped into micro-batches of at most `budget` padded tokens (rows x the
-    longest sequence), shortest sequences first so that rows of a batch are alike; a sequence longer
-    than the budget is a batch of its own. A pure function of the samples: the same plan packs the same."""
-    order = sorted(range(len(samples)), key=lambda i: (len(samples[i].prompt_ids) + len(samples[i].completion_ids), i))
-    batches: list[list[int]] = []
-    for i in order:
-        length = len(samples[i].prompt_ids) + len(samples[i].completion_ids)  # the longest so far: sorted
-        if batches and (len(batches[-1]) + 1) * length <= budget:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
+    longest sequence), a sequence longer than the budget a batch of its own. A pure function of the
+    samples: the same plan packs the same.
+
+    Bucketed by length: the sequences sorted by length (then index) are cut into runs, as few runs as
+    fit the budget (the greedy count, which no cut beats: a run that fits still fits with a row less),
+    and among the cuts into that many runs, the one with the fewest padded tokens (`plan_micro_batches`).
+    """
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    order = sorted(range(len(samples)), key=lambda i: (lengths[i], i))
+    runs = plan_micro_batches([lengths[i] for i in order], budget)
+    return [[order[k] for k in range(start, end)] for start, end in runs]
+
+
+def plan_micro_batches(lengths: Sequence[int], budget: int) -> list[tuple[int, int]]:
+    """Cuts of ascending `lengths` into runs [start, end): the fewest runs whose rows x longest fit
+    `budget` (a run of one always fits), and among those the fewest padded tokens; ties go to the
+    the shortest last run. Dynamic programming over the run that ends at each length: O(n x rows per run)."""
+    if any(b < a for a, b in zip(lengths, lengths[1:], strict=False)):
+        raise ValueError("plan_micro_batches takes lengths in ascending order")
+    n = len(lengths)
+    prefix = [0]
+    for length in lengths:
+        prefix.append(prefix[-1] + length)
+    best: list[tuple[int, int]] = [(0, 0)] + [(n + 1, 0)] * n  # (runs, padded tokens) of the first j lengths
+    cut = [0] * (n + 1)
+    for end in range(1, n + 1):
+        longest = lengths[end - 1]
+        for start in range(end - 1, -1, -1):
+            rows = end - start
+            if rows > 1 and rows * longest > budget:
+                break  # more rows under the same longest fit no better
+            runs, padded = best[start]
+            cost = (runs + 1, padded + rows * longest - (prefix[end] - prefix[start]))
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    out: list[tuple[int, int]] = []
+    end = n
+    while end:
+        out.append((cut[end], end))
+        end = cut[end]
+    return out[::-1]
 
 
 def _pack(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -> tuple[PackedBatch, torch.Tensor, torch.Tensor]:
@@ -169,6 +200,36 @@ def _pack(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -> 
                 torch.tensor(s.mask, dtype=torch.bool), torch.tensor(s.old_logp, dtype=torch.float32)
             )
     return batch, old.to(device), torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device)
+
+
+def reference_needed(grpo: GRPOLMSettings) -> bool:
+    """Whether the update computes the reference's log-probs: only where the loss weighs the KL term
+    (`kl_beta` > 0). At 0 nothing the update returns depends on them but the `kl` it reports, which
+    it then leaves out (None) rather than pay a forward of every micro-batch for it."""
+    return grpo.kl_beta > 0
+
+
+def reference_logprobs(
+    policy: Policy, batches: Sequence[PackedBatch], grpo: GRPOLMSettings, reference: Callable[[], AbstractContextManager] | None
+) -> list[torch.Tensor | None]:
+    """The reference's (B, C) log-probs of each micro-batch, in one no-grad forward each, all under one
+    switch of the model to the reference (a switch walks the whole model); Nones when not needed."""
+    if not reference_needed(grpo):
+        return [None] * len(batches)
+    with torch.no_grad(), (reference or policy.adapter_disabled)():
+        return [packed_logprobs(policy.model, batch) for batch in batches]
+
+
+def padding(batches: Sequence[PackedBatch], distributed: bool, device: torch.device) -> float:
+    """Padded tokens / all tokens of the micro-batches (of every rank, `distributed`): what padding
+    adds to a forward's width, the share `micro_batches` keeps small."""
+    counts = torch.tensor(
+        [sum(b.tokens for b in batches), sum(int(b.attention_mask.sum()) for b in batches)], dtype=torch.float64, device=device
+    )
+    if distributed:
+        dist.all_reduce(counts)
+    total, real = counts.tolist()
+    return (total - real) / total if total else 0.0
 
 
 def train_step(
@@ -220,9 +281,7 @@ def train_step(
         policy.mode(training=True)  # and left so: whoever samples next sets eval mode
         policy.activation_checkpointing(grpo.activation_checkpointing)
         optimizer.zero_grad(set_to_none=True)
-        # every reference forward under one switch (the base: the adapter's layers off): a switch walks the whole model
-        with torch.no_grad(), (reference or policy.adapter_disabled)():
-            refs = [packed_logprobs(model, batch) for batch, _, _ in batches]
+        refs = reference_logprobs(policy, [batch for batch, _, _ in batches], grpo, reference)
         recomputed: list[torch.Tensor | None] = [None] * len(batches)
         if behavior is not None and old_logp == "sampler":  # stale rollouts: the behavior weights' log-probs, by the trainer
             with torch.no_grad(), behavior():
@@ -230,6 +289,7 @@ def train_step(
         with ddp.no_sync() if ddp is not None else nullcontext():
             for (batch, sampler, adv), ref, behaved in zip(batches, refs, recomputed, strict=True):
                 new = packed_logprobs(forward_model, batch)
+                ref = new.detach() if ref is None else ref  # no KL term: the loss's KL is exactly 0, its gradient 0
                 mask = batch.completion_mask
                 scored = new.detach() if old_logp == "trainer" else behaved
                 c = correct(new.detach(), sampler, scored, mask, grpo)
@@ -247,6 +307,7 @@ def train_step(
             (sync.logits.float().sum() * 0.0).backward()  # the one synchronizing backward
             dist.all_reduce(sums)
             dist.all_reduce(max_dev, op=dist.ReduceOp.MAX)
+    pad_share = padding([batch for batch, _, _ in batches], ddp is not None, device)
     sums, (max_dev, logp_dev) = sums.cpu(), max_dev.tolist()
     named = policy.trainable()
     grads: dict[str, torch.Tensor] = {}
@@ -269,7 +330,7 @@ def train_step(
         version=policy.version,
         loss=float(sums[0]) / n,
         ratio=float(sums[1]) / n,
-        kl=float(sums[2]) / n,
+        kl=float(sums[2]) / n if reference_needed(grpo) else None,
         clip_frac=float(sums[3]) / n,
         ratio_max_dev=max_dev,
         logp_max_dev=logp_dev,
@@ -281,6 +342,7 @@ def train_step(
         groups_with_signal=int(facts["groups_with_signal"]),
         mean_reward=facts["mean_reward"],
         world_size=world_size,
+        pad_share=pad_share,
     )
 
 
