@@ -125,7 +125,7 @@ def play(exp: AgentExperiment, base_url: str, tmp_path: Path, outcomes_only: boo
     backend.server.client.complete = recorded
     done: list[str] = []
     outcomes = backend.generate(exp, plan_episodes(exp, 0), weights, lambda t: done.append(t.trial_id))
-    assert not [p for p in (tmp_path / "scratch").rglob("*") if not OWNER.match(p.name)]  # every trial folder removed
+    assert not [p for p in (tmp_path / "scratch").rglob("*") if OWNER.match(p.parent.name)]  # every trial folder removed
     if outcomes_only:
         return outcomes, done, replies, weights
     assert all(isinstance(o, AgentTrajectory) for o in outcomes), outcomes
