@@ -27,7 +27,7 @@ from assets.cli_status import cmd_runs, cmd_status
 from assets.cli_train import INTERRUPTED_EXIT, checked_range, train_here
 from assets.cli_verify import cmd_lineage, cmd_verify
 from assets.run_tags import RESUME
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 from dagster_rl.core.experiment import step_key
 from dagster_rl.core.task import BUILTIN_TASKS, task_of
 from dagster_rl.sandbox import cli as sandbox_cli

@@ -9,7 +9,7 @@ from typing import Any
 from assets.chain import CHAIN, step_assets
 from assets.cli_inputs import find_experiment, latest, not_ours_message, open_instance, open_store
 from assets.run_tags import run_range
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 from dagster_rl.core.experiment import Experiment
 from dagster_rl.core.task import task_of
 

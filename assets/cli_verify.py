@@ -11,7 +11,7 @@ from typing import Any
 
 from assets.chain import CHAIN, step_assets
 from assets.cli_inputs import find_experiment, latest, not_ours_message, open_instance, open_store, quiet_closed_stdout
-from dagster_rl.core.errors import CorruptArtifactError, DagsterRLError, StoreLinkError
+from dagster_rl.base.errors import CorruptArtifactError, DagsterRLError, StoreLinkError
 from dagster_rl.core.experiment import Experiment, step_key
 from dagster_rl.core.task import task_of
 

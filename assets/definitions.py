@@ -10,7 +10,7 @@ from assets.console import concise_console, quiet_interrupted_connection_closes,
 from assets.deployment import artifact_url, executor, rollout_environment, sandbox_environment, trainer_environment
 from assets.driver import build_driver, build_warmup
 from assets.experiments import missing_folder, problems, read
-from dagster_rl.core.errors import DagsterRLError, ExperimentError, SettingError
+from dagster_rl.base.errors import DagsterRLError, ExperimentError, SettingError
 from dagster_rl.core.experiment import Experiment
 from resources import ArtifactStoreResource, JudgeEnvironment
 from resources.artifact_store import dagster_home

@@ -23,7 +23,7 @@ import os
 from dagster import EnvVar, ExecutorDefinition
 
 from assets.concurrency import experiment_executor, experiment_k8s_executor
-from dagster_rl.core.errors import SettingError
+from dagster_rl.base.errors import SettingError
 from resources import PipesK8sJobLauncher, PipesTorchrunLauncher, RolloutEnvironment, SandboxEnvironment, TrainerEnvironment
 
 ARTIFACTS = "DAGSTER_RL_ARTIFACTS"

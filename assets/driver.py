@@ -42,7 +42,7 @@ from assets.predecessor import NONE, expect_recorded, starting_weights
 from assets.progress_reporting import reporting, timed
 from assets.run_tags import no_range
 from assets.weights_checks import check_outputs, check_specs, report_checks
-from dagster_rl.core.errors import CheckFailedError, DagsterRLError, SimulatedCrash
+from dagster_rl.base.errors import CheckFailedError, DagsterRLError, SimulatedCrash
 from dagster_rl.core.experiment import Experiment, step_key
 from dagster_rl.core.progress import Progress
 from dagster_rl.core.task import Backends, StepAsset, task_of

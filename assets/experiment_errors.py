@@ -8,7 +8,7 @@ from dagster import Definitions
 
 from assets.console import refuse_to_load
 from assets.experiments import problems, read
-from dagster_rl.core.errors import ExperimentError
+from dagster_rl.base.errors import ExperimentError
 
 _files = read()
 if _files.errors:

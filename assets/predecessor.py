@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
-from dagster_rl.core.errors import CorruptArtifactError, DagsterRLError, MissingPredecessorError
+from dagster_rl.base.errors import CorruptArtifactError, DagsterRLError, MissingPredecessorError
 from dagster_rl.core.experiment import Experiment, step_key
 from dagster_rl.core.records import STATS
 from dagster_rl.core.task import TaskLoop, Weights

@@ -14,7 +14,7 @@ the UI's Runs page shows beside the run.
 No Dagster import here: `dagster-rl` reads it before it loads Dagster.
 """
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 from dagster_rl.core.experiment import step_key
 
 EXPERIMENT_TAG = "dagster_rl/experiment"  # set by the executor (`assets.concurrency`); `dagster-rl runs` reads it

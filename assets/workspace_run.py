@@ -26,7 +26,7 @@ from pathlib import Path
 from dagster import DagsterExecutionInterruptedError, DagsterInstance
 
 from assets import REPO
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 from resources.dagster_internals import (
     ReconstructableRepository,
     RemoteJobOrigin,

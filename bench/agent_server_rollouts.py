@@ -38,7 +38,7 @@ import torch
 import vllm_rollouts
 from transformers import AutoConfig
 
-from dagster_rl.core.retries import Limits
+from dagster_rl.base.retries import Limits
 from dagster_rl.core.task import Endpoint, RolloutEnv, task_of
 from dagster_rl.inference.server_process import vllm_cpu_command
 from dagster_rl.inference.vllm_client import VLLM_VERSION

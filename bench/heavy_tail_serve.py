@@ -26,7 +26,7 @@ import torch
 
 import dagster_rl.tasks.lm.rollout.sampling as sampling
 import dagster_rl.tasks.lm.serve.engine as engine
-from dagster_rl.core.hashing import seed_of
+from dagster_rl.base.hashing import seed_of
 from dagster_rl.tasks.lm.serve import app, cli
 
 

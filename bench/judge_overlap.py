@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+from dagster_rl.base.retries import Limits
 from dagster_rl.core.experiment_files import parse_experiment
-from dagster_rl.core.retries import Limits
 from dagster_rl.core.task import Backends, Endpoint
 from dagster_rl.judges.journal import JudgeJournal
 from dagster_rl.judges.llm_judge import LLMJudge, OpenAIChatClient

@@ -42,8 +42,8 @@ import lm_common
 import torch
 from safetensors.torch import load_file, save_file
 
-from dagster_rl.core.hashing import cache_key
-from dagster_rl.core.retries import Limits
+from dagster_rl.base.hashing import cache_key
+from dagster_rl.base.retries import Limits
 from dagster_rl.core.task import Endpoint, Weights
 from dagster_rl.inference.server_process import ManagedServer, ServerStartError, vllm_cpu_command
 from dagster_rl.inference.vllm_client import VLLM_VERSION, VLLMClient

@@ -3,7 +3,8 @@ it knows nothing of Dagster (see `resources/` and `assets/` for the Dagster laye
 
 Start with `core.task`: what a task is and what it must provide, in one screen.
 
-    core        generic: task, experiment, records, steps, checks, hashing, lineage
+    base        the foundation, importing nothing of dagster_rl: errors, hashing, bounds, strict settings
+    core        generic: task, experiment, records, steps, checks, lineage
     store       the content-addressed artifact store
     runtime     processes, workers, pods, Kubernetes manifests
     inference   JSON over HTTP, the vLLM client, managed inference servers

@@ -7,7 +7,7 @@ from pathlib import Path
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from dagster_rl.core.errors import DagsterHomeError
+from dagster_rl.base.errors import DagsterHomeError
 from dagster_rl.store.artifact_store import ArtifactStore
 
 DAGSTER_HOME_UNSET = (

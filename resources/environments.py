@@ -12,9 +12,9 @@ from typing import Any, Literal
 from dagster import AssetExecutionContext, ConfigurableResource, InitResourceContext
 from pydantic import Field, PrivateAttr, model_validator
 
-from dagster_rl.core import bounds
+from dagster_rl.base import bounds
+from dagster_rl.base.retries import Limits
 from dagster_rl.core.experiment import Experiment
-from dagster_rl.core.retries import Limits
 from dagster_rl.core.task import Endpoint, JudgeBackend, RolloutBackend, RolloutEnv, TrainerBackend, TrainerEnv, task_of
 from dagster_rl.inference.server_process import ADAPTER_ROOTS_ENV, ManagedServer
 from dagster_rl.inference.vllm_client import VLLMClient

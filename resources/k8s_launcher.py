@@ -42,7 +42,7 @@ from dagster_k8s.client import (
 from dagster_k8s.utils import detect_current_namespace
 from pydantic import Field
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 from dagster_rl.runtime.k8s_manifests import (
     INDEX_LABEL,
     JOB_LABEL,

@@ -6,7 +6,7 @@ from typing import Literal
 
 import torch
 
-from dagster_rl.core.hashing import seed_of
+from dagster_rl.base.hashing import seed_of
 from dagster_rl.tasks.agent.chat import ChatTurns
 from dagster_rl.tasks.agent.environment import EnvironmentSettings, EnvironmentSpec, Outcome, environment_of, register_environment
 from dagster_rl.tasks.agent.episode import Stage

@@ -65,7 +65,7 @@ def lab(tmp_path):
 @pytest.fixture(scope="session")
 def uninterrupted(tmp_path_factory):
     """The reference: steps 0000..0007 of the demo settings in one clean run."""
-    from dagster_rl.core import counters
+    from dagster_rl.base import counters
     from tests.harness import new_dagster_home, open_lab
     from tests.settings import demo_settings, write_experiments
 
@@ -83,7 +83,7 @@ def uninterrupted(tmp_path_factory):
 def session_run(tmp_path_factory):
     """The reference of the trainer-session tests: steps 0000..0002 of `session_settings()` in one
     uninterrupted run, its trainer one session of 2 torchrun ranks."""
-    from dagster_rl.core import counters
+    from dagster_rl.base import counters
     from tests.harness import new_dagster_home, open_lab
     from tests.settings import SESSION_STEPS, session_settings, write_experiments
 

@@ -25,8 +25,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from dagster_rl.core.differences import Difference, compare
-from dagster_rl.core.hashing import canonical_json, content_hash
+from dagster_rl.base.differences import Difference, compare
+from dagster_rl.base.hashing import canonical_json, content_hash
 from dagster_rl.core.records import STATS
 from dagster_rl.core.task import Backends, task_of
 

@@ -17,7 +17,7 @@ from typing import Literal
 
 import pytest
 
-from dagster_rl.core import counters
+from dagster_rl.base import counters
 from dagster_rl.core.records import CALL_TIMES, Rollouts, call_times_key
 from dagster_rl.sandbox.bubblewrap import default_sandboxes
 from dagster_rl.sandbox.calls import Program, SandboxUnavailable

@@ -24,9 +24,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from dagster_rl.core.hashing import cache_key, seed_of
+from dagster_rl.base.hashing import cache_key, seed_of
+from dagster_rl.base.retries import Limits
 from dagster_rl.core.records import Rollouts, TrialFailed
-from dagster_rl.core.retries import Limits
 from dagster_rl.core.task import Endpoint, RolloutEnv, Weights, task_of
 from dagster_rl.sandbox.folders import OWNER
 from dagster_rl.store.artifact_store import ArtifactRef, ArtifactStore

@@ -94,7 +94,7 @@ OUTSIDE_KEYS = {
     "checked to fit it",
     "rubric.functions.0.timeout_s": "a reward function's time limit: a call past it fails its trial, never stored",
 }
-# The settings whose change may change float bytes within rounding (`dagster_rl.core.differences`): the
+# The settings whose change may change float bytes within rounding (`dagster_rl.base.differences`): the
 # stored float artifacts are then another computation of the same plan (adopted by a second writer),
 # and the keys computed from their content hashes differ. Each must change nothing else.
 ROUNDING = {
@@ -429,7 +429,7 @@ def test_every_task_kind_has_a_base_experiment():
 
 def _initial_prior_keyed_by_the_task_alone(exp, store):
     """The secret_search initial prior as it was keyed before: by its `task` block alone."""
-    from dagster_rl.core.hashing import cache_key
+    from dagster_rl.base.hashing import cache_key
     from dagster_rl.core.task import Weights
     from dagster_rl.tasks.secret_search.loop import used_worlds
     from dagster_rl.tasks.secret_search.prior import uniform

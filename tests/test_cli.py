@@ -83,7 +83,7 @@ def test_train_runs_belong_to_the_workspace_location_that_loads_the_definitions(
     """The origin of a `dagster-rl train` run: the location of workspace.yaml that loads
     assets.definitions, as Dagster's workspace loader reads it; a workspace without one is refused."""
     from assets.workspace_run import job_origin
-    from dagster_rl.core.errors import DagsterRLError
+    from dagster_rl.base.errors import DagsterRLError
 
     origin = job_origin("demo_train")
     assert origin.repository_origin.code_location_origin.location_name == "dagster_rl"

@@ -5,7 +5,7 @@ import json
 import pytest
 from dagster import AssetKey, FloatMetadataValue, IntMetadataValue
 
-from dagster_rl.core import counters
+from dagster_rl.base import counters
 from dagster_rl.core.experiment import step_key
 from dagster_rl.core.records import STATS, Rollouts
 from dagster_rl.tasks.secret_search.loop import _rollouts_key, ensure_worlds, initial_weights

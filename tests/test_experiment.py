@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dagster_rl.core.errors import ExperimentError
+from dagster_rl.base.errors import ExperimentError
 from dagster_rl.core.experiment_files import load_experiments, read_experiments
 from tests import REPO
 from tests.settings import demo_settings, shipped_settings, write_experiments
@@ -29,7 +29,7 @@ def load(tmp_path, *raws):
         # finding 6 of issue 10: numbers and sizes are checked at load, not at run time
         ({"grpo": {"learning_rate": float("inf")}}, "grpo.learning_rate", "Input should be a finite number"),
         ({"rubric": {"tidiness": float("nan")}}, "rubric.tidiness", "Input should be a finite number"),
-        # numbers are numbers (core/strict.py), with the fix in the message: what pydantic's strict mode does not say
+        # numbers are numbers (base/strict.py), with the fix in the message: what pydantic's strict mode does not say
         ({"seed": True}, "seed", "a number is required, not the boolean True"),
         (
             {"grpo": {"learning_rate": "0.01"}},

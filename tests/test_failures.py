@@ -6,7 +6,7 @@ run; the same experiment re-run with retries (a healthy environment) recovers th
 in any key, so the healed steps must end with the bytes of a run that never failed.
 """
 
-from dagster_rl.core import counters
+from dagster_rl.base import counters
 from dagster_rl.core.records import Rollouts
 from dagster_rl.tasks.secret_search.records import Trajectory
 from resources import JudgeEnvironment, RolloutEnvironment

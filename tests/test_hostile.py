@@ -15,7 +15,7 @@ import pytest
 from dagster import AssetKey, AssetMaterialization
 
 from assets.cli import main
-from dagster_rl.core import counters
+from dagster_rl.base import counters
 from resources import ArtifactStoreResource
 from tests import REPO
 from tests.harness import failure_message
@@ -189,7 +189,7 @@ def test_a_read_only_store_serves_a_range_of_cache_hits(four_steps):
 def tamper(art_dir, change) -> None:
     """Change an artifact's data.json and its manifest together, consistently: the manifest's own
     hashes then vouch for the change."""
-    from dagster_rl.core.hashing import canonical_json, sha256_hex
+    from dagster_rl.base.hashing import canonical_json, sha256_hex
 
     data = canonical_json(change(json.loads((art_dir / "data.json").read_bytes())))
     (art_dir / "data.json").write_bytes(data)
@@ -380,7 +380,7 @@ def test_lineage_only_reads_and_verify_repair_moves_bad_artifacts_aside(four_ste
 def test_a_data_file_linked_outside_the_store_is_reported_and_never_read(four_steps, monkeypatch, capsys):
     """Finding 2: a data.json replaced by a link to an outside file (manifest updated) passed verify,
     and the run read the outside file into its event log."""
-    from dagster_rl.core.hashing import canonical_json, sha256_hex
+    from dagster_rl.base.hashing import canonical_json, sha256_hex
 
     lab = four_steps
     secret = lab.home / "secret.json"
@@ -508,7 +508,7 @@ def test_a_sandbox_root_that_is_a_file_fails_the_run_naming_it(lab, tmp_path):
 
 def test_weights_stored_before_they_recorded_their_experiment_say_to_start_from_0000():
     from assets.predecessor import _check_trained_by
-    from dagster_rl.core.errors import MissingPredecessorError
+    from dagster_rl.base.errors import MissingPredecessorError
     from dagster_rl.core.experiment_files import parse_experiment
 
     exp = parse_experiment(demo_settings())

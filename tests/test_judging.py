@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from dagster_rl.base.retries import Limits
 from dagster_rl.core.records import TrialFailed
-from dagster_rl.core.retries import Limits
 from dagster_rl.core.steps import JudgeClock, Judged, judge_as_they_land
 from dagster_rl.judges.rubric_judge import RubricJudge
 

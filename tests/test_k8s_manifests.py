@@ -29,7 +29,7 @@ from dagster_k8s.executor import K8sStepHandler
 from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
 
 from assets import deployment
-from dagster_rl.core.errors import SettingError
+from dagster_rl.base.errors import SettingError
 from dagster_rl.core.experiment_files import load_experiments
 from dagster_rl.runtime.k8s_manifests import (
     INDEX_LABEL,

@@ -77,6 +77,31 @@ def test_the_library_never_imports_the_dagster_layer():
     assert dagster_in_library == []
 
 
+# What each foundation package may import of the project: `base` nothing but itself; the packages
+# the loop's concepts (`core`) build on, `base` and each other, never `core` or above.
+FOUNDATION = {
+    "dagster_rl.base": ("dagster_rl.base",),
+    "dagster_rl.store": ("dagster_rl.base", "dagster_rl.store"),
+    "dagster_rl.runtime": ("dagster_rl.base", "dagster_rl.runtime"),
+    "dagster_rl.sandbox": ("dagster_rl.base", "dagster_rl.sandbox", "dagster_rl.runtime"),
+    "dagster_rl.inference": ("dagster_rl.base", "dagster_rl.inference", "dagster_rl.runtime"),
+}
+
+
+def test_the_foundation_never_imports_the_loops_concepts():
+    edges = graph()
+    up = {
+        (m, d)
+        for m, deps in edges.items()
+        for pkg, allowed in FOUNDATION.items()
+        if m == pkg or m.startswith(pkg + ".")
+        for d in deps
+        if d.startswith("dagster_rl") and not any(d == a or d.startswith(a + ".") for a in allowed)
+    }
+    assert any(m.startswith("dagster_rl.base.") for m in edges)  # the walk found the foundation
+    assert up == set(), "the foundation imports upward; move what it needs into dagster_rl.base: " + str(sorted(up))
+
+
 def test_generic_code_never_imports_a_task_or_switches_on_a_kind():
     tasks = ("dagster_rl.tasks.secret_search", "dagster_rl.tasks.lm", "dagster_rl.tasks.agent")
     generic = {m: deps for m, deps in graph().items() if not m.startswith(tasks)}

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dagster_rl.core import counters
-from dagster_rl.core.errors import SettingError
+from dagster_rl.base import counters
+from dagster_rl.base.errors import SettingError
+from dagster_rl.base.retries import AttemptsExhausted, Limits
 from dagster_rl.core.records import Rewards
-from dagster_rl.core.retries import AttemptsExhausted, Limits
 from dagster_rl.core.task import Backends
 from dagster_rl.judges.journal import KIND, JudgeJournal, journal_key, trajectory_hash
 from dagster_rl.judges.llm_judge import LLMJudge, LLMJudgeError, OpenAIChatClient, parse_score, rubric_hash
@@ -289,7 +289,7 @@ def _rollout(run, step: str, trial_id: str):
 
 def test_a_judge_that_answers_megabytes_has_a_bounded_journal(stub, store, tmp_path):
     """finding 7 of issue 10: 5 MB replies were journaled in full (115 MB for one step)."""
-    from dagster_rl.core.hashing import sha256_hex
+    from dagster_rl.base.hashing import sha256_hex
     from dagster_rl.judges.journal import MAX_REPLY_CHARS
 
     exp, trajs = experiment(), [trajectory(i) for i in range(4)]

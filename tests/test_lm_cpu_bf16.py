@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 from dagster_rl.tasks.lm.model import cpu_bf16
 from dagster_rl.tasks.lm.model.policy import load_policy
 from dagster_rl.tasks.lm.settings import PolicySettings

@@ -8,7 +8,7 @@ the device is not part of what a step's keys hash.
 import pytest
 import torch
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 from dagster_rl.tasks.lm.model.policy import checkpoint_bytes, make_optimizer, resolve_device
 from dagster_rl.tasks.lm.records import plan_requests
 from dagster_rl.tasks.lm.rollout.hf import generate_rollouts
@@ -32,7 +32,7 @@ def test_device_resolution_and_process_group_backend():
 
 
 def test_the_device_is_in_no_key_and_the_dtype_is():
-    from dagster_rl.core.hashing import content_hash
+    from dagster_rl.base.hashing import content_hash
 
     cpu = PolicySettings(base_model="m", device="cpu")
     cuda = PolicySettings(base_model="m", device="cuda")

@@ -4,7 +4,7 @@ from statistics import fmean
 
 import pytest
 
-from dagster_rl.core import counters
+from dagster_rl.base import counters
 from dagster_rl.core.experiment import step_key
 from tests.harness import LM_CHAIN, failure_message
 from tests.lm_fixtures import ON_POLICY_ROUNDING

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.modeling_utils import PreTrainedModel
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 from dagster_rl.tasks.lm.model.build import check_whole
 from dagster_rl.tasks.lm.model.policy import load_policy
 from dagster_rl.tasks.lm.model.tokenizers import tiny_tokenizer

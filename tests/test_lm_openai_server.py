@@ -11,9 +11,9 @@ from dataclasses import field as default
 import pytest
 import torch
 
-from dagster_rl.core import counters
+from dagster_rl.base import counters
+from dagster_rl.base.retries import Limits
 from dagster_rl.core.records import Rollouts, TrialFailed
-from dagster_rl.core.retries import Limits
 from dagster_rl.core.task import Backends, Endpoint
 from dagster_rl.inference.http_json import EndpointError, JSONEndpoint
 from dagster_rl.inference.vllm_client import ServerSampling

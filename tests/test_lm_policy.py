@@ -200,7 +200,7 @@ def test_a_lora_rank_above_the_models_hidden_size_is_refused_when_it_loads(tiny_
     """Finding 5 of issue 20: sizes multiply (rank x hidden); the file's bound (16,384) cannot know the model."""
     import pytest
 
-    from dagster_rl.core.errors import DagsterRLError
+    from dagster_rl.base.errors import DagsterRLError
     from dagster_rl.tasks.lm.model.policy import load_policy
     from dagster_rl.tasks.lm.settings import LoRASettings, PolicySettings
 

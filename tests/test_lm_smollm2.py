@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 from dagster_rl.tasks.lm.model import packaged
 from dagster_rl.tasks.lm.model.policy import load_base
 from tests.lm_fixtures import subprocess_env

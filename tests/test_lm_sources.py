@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dagster_rl.core.errors import ExperimentError
+from dagster_rl.base.errors import ExperimentError
 from dagster_rl.core.experiment_files import load_experiments, parse_experiment
 from dagster_rl.tasks.lm.data.gym import gym_version
 from dagster_rl.tasks.lm.data.prompts import PromptError, load_prompt_set

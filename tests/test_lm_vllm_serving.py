@@ -4,7 +4,7 @@ CPU without it."""
 
 import pytest
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 from dagster_rl.tasks.lm.experiment import LMExperiment
 from dagster_rl.tasks.lm.model import cpu_bf16
 from dagster_rl.tasks.lm.rollout.vllm_serving import vllm_command_for, vllm_lora_rank

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from dagster import AssetKey, BackfillPolicy
 
-from dagster_rl.core import counters
-from dagster_rl.core.errors import ExperimentError
+from dagster_rl.base import counters
+from dagster_rl.base.errors import ExperimentError
 from tests.harness import LM_CHAIN, failure_message
 from tests.lm_fixtures import ON_POLICY_ROUNDING
 from tests.settings import demo_settings, shipped_settings

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from assets.run_tags import range_tags
-from dagster_rl.core import plugins
-from dagster_rl.core.errors import ExperimentError
+from dagster_rl.base import plugins
+from dagster_rl.base.errors import ExperimentError
 from dagster_rl.core.experiment_files import load_experiments, read_experiments
 from dagster_rl.tasks.agent import environment
 from dagster_rl.tasks.agent.environment import environment_of

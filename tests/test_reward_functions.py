@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dagster_rl.core.errors import ExperimentError
+from dagster_rl.base.errors import ExperimentError
+from dagster_rl.base.retries import Limits
 from dagster_rl.core.experiment_files import load_experiments, parse_experiment
 from dagster_rl.core.records import TrialFailed
-from dagster_rl.core.retries import Limits
 from dagster_rl.core.steps import judge_all
 from dagster_rl.judges.rubric_judge import RubricJudge
 from dagster_rl.tasks.lm.loop import function_means

@@ -61,7 +61,7 @@ def test_a_sandbox_root_that_cannot_hold_sandboxes_is_refused_naming_the_path(tm
     """Finding 7 of issue 20: a sandbox_root that was a file (or read-only) gave an OSError naming no path."""
     import pytest
 
-    from dagster_rl.core.errors import SandboxError
+    from dagster_rl.base.errors import SandboxError
     from dagster_rl.tasks.secret_search.backends import SandboxRollouts
 
     a_file = tmp_path / "a_file"

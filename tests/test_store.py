@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from dagster_rl.core.errors import (
+from dagster_rl.base.errors import (
     ArtifactConflictError,
     CorruptArtifactError,
     DagsterRLError,
@@ -14,7 +14,7 @@ from dagster_rl.core.errors import (
     MissingArtifactError,
     StoreWriteError,
 )
-from dagster_rl.core.hashing import cache_key, canonical_json
+from dagster_rl.base.hashing import cache_key, canonical_json
 from dagster_rl.store.artifact_store import ADOPTING_KINDS, ArtifactStore, check_key
 
 K1, K, HALF, W = (cache_key("test", "1", name=n) for n in ("k1", "k", "half", "w"))
@@ -207,7 +207,7 @@ def _outside(tmp_path, text: bytes = b"SECRET outside the store"):
 
 
 def test_a_data_file_replaced_by_a_link_with_its_manifest_updated_is_refused_and_moved_aside(tmp_path):
-    from dagster_rl.core.hashing import canonical_json, sha256_hex
+    from dagster_rl.base.hashing import canonical_json, sha256_hex
 
     secret = _outside(tmp_path)
     heard = []
@@ -252,7 +252,7 @@ def test_an_artifact_folder_or_manifest_that_is_a_link_is_corrupt_and_its_target
 
 
 def test_a_kind_folder_replaced_by_a_link_is_never_written_through(tmp_path):
-    from dagster_rl.core.errors import StoreLinkError
+    from dagster_rl.base.errors import StoreLinkError
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -301,7 +301,7 @@ def test_a_read_only_command_moves_nothing(tmp_path):
 
 
 def test_a_link_in_place_of_a_partials_folder_is_refused_and_can_be_moved_aside(tmp_path):
-    from dagster_rl.core.errors import StoreLinkError
+    from dagster_rl.base.errors import StoreLinkError
 
     outside = tmp_path / "outside"
     outside.mkdir()

@@ -9,14 +9,14 @@ import math
 import random
 from typing import Literal
 
+from dagster_rl.base.hashing import cache_key, canonical_json, seed_of
+from dagster_rl.base.retries import Limits
+from dagster_rl.base.strict import Strict
 from dagster_rl.core.advantages import group_normalized_advantages
 from dagster_rl.core.checks import step_checks, weights_finite
 from dagster_rl.core.experiment import Experiment, step_key
-from dagster_rl.core.hashing import cache_key, canonical_json, seed_of
 from dagster_rl.core.records import STATS, Record, Rewards, Rollouts, TrainedFrom
-from dagster_rl.core.retries import Limits
 from dagster_rl.core.steps import Judged, mean, rewards_key, step_rewards, trained_from, trial_set, weights_key
-from dagster_rl.core.strict import Strict
 from dagster_rl.core.task import Backends, StepResult, Task, Weights, register
 from dagster_rl.store.artifact_store import DATA, ArtifactStore
 from tests.harness import CHAIN

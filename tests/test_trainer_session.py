@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from dagster_rl.core import counters
+from dagster_rl.base import counters
+from dagster_rl.base.retries import AttemptsExhausted, Limits
 from dagster_rl.core.experiment_files import parse_experiment
-from dagster_rl.core.retries import AttemptsExhausted, Limits
 from dagster_rl.runtime.lifetime import children, identity
 from dagster_rl.runtime.workers import ProcessWorkers, WorkersGone
 from dagster_rl.tasks.lm.backends import LMTrainer, subprocess_launch

@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 
-from dagster_rl.core.retries import Limits
+from dagster_rl.base.retries import Limits
 from dagster_rl.core.task import RolloutEnv, task_of
 from dagster_rl.inference.http_json import JSONEndpoint
 from dagster_rl.inference.server_process import ServerStartError, vllm_cpu_command
@@ -304,7 +304,7 @@ def test_temperature_0_7_is_on_policy_with_processed_logprobs(vllm, lab):
 def test_a_request_that_leaves_fields_to_the_server_fails_the_step_and_its_rollouts_are_sampled_again(vllm, lab, monkeypatch):
     """A client that sends only what the experiment names (an older one) gets the folder's top_k 20,
     repetition_penalty 1.05 and eos list: the on_policy check stops the step, naming the causes."""
-    from dagster_rl.core import counters
+    from dagster_rl.base import counters
 
     off = lab("off", experiment(vllm.model, name="vllm_off"), rollout=vllm.shared())
     monkeypatch.setattr(

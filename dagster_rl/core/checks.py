@@ -6,7 +6,7 @@ import math
 
 from pydantic import BaseModel, Field
 
-from dagster_rl.core.errors import TooFewTrialsError
+from dagster_rl.base.errors import TooFewTrialsError
 from dagster_rl.core.experiment import Experiment, step_key
 
 

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from dagster_rl.core import bounds
-from dagster_rl.core.hashing import content_hash
-from dagster_rl.core.plugins import check_reference
-from dagster_rl.core.strict import Strict
+from dagster_rl.base import bounds
+from dagster_rl.base.hashing import content_hash
+from dagster_rl.base.plugins import check_reference
+from dagster_rl.base.strict import Strict
 from dagster_rl.runtime.pods import PodResources
 
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -20,7 +20,7 @@ ADVANTAGE_EPS = "added to a group's reward std before dividing: advantage = (r -
 # The key of the validation context that holds the folder an experiment file was read from (`experiment_files`):
 # settings that name a file beside the experiment (a reward function, a data file) resolve it there.
 EXPERIMENTS_FOLDER = "experiments_folder"
-MAX_TRIALS_PER_STEP = 65_536  # planned work a step may hold: prompts_per_step x n_samples (see `dagster_rl.core.bounds`)
+MAX_TRIALS_PER_STEP = 65_536  # planned work a step may hold: prompts_per_step x n_samples (see `dagster_rl.base.bounds`)
 
 
 class Faults(Strict):

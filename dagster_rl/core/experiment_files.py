@@ -7,7 +7,7 @@ as text), and text is never coerced into a number (`n_steps: "4"` is refused, na
 A fork (`fork_of: parent`) starts from its parent's settings and overrides what it names; it is its
 own asset group but shares the artifact cache, since artifacts are keyed by content, not by name.
 
-An experiment's `plugins` (files of its folder, or modules: `dagster_rl.core.plugins`) are imported
+An experiment's `plugins` (files of its folder, or modules: `dagster_rl.base.plugins`) are imported
 before the rest of it is validated, so the task kind or text environment a plugin registers is known
 in every process that reads the file (the CLI, the code location, a run's step process). A folder's
 files have all their plugins imported before any file is validated: whether a file is valid never
@@ -29,9 +29,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from dagster_rl.core.errors import ExperimentError
+from dagster_rl.base.errors import ExperimentError
+from dagster_rl.base.plugins import PluginError, import_plugins
 from dagster_rl.core.experiment import EXPERIMENTS_FOLDER, Experiment
-from dagster_rl.core.plugins import PluginError, import_plugins
 from dagster_rl.core.task import task_of
 
 SUFFIXES = (".yaml", ".yml")

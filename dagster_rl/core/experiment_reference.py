@@ -37,7 +37,7 @@ experiment class that validates it; its `name` names the asset group `<name>` an
 - a file is a regular file (not a FIFO, device or socket) of at most 1 MiB;
 - numbers are finite and are numbers: `n_steps: "4"` is refused, not coerced; `1e-4` is a number
   (YAML 1.2), as is `5e3`;
-- every number has an upper bound (below; `dagster_rl/core/bounds.py` derives each), and products are
+- every number has an upper bound (below; `dagster_rl/base/bounds.py` derives each), and products are
   bounded too (`prompts_per_step x n_samples` trials, trials x `sampling.max_new_tokens` tokens,
   `nproc_per_node x threads_per_process` threads, LoRA `alpha / rank`);
 - an invalid file leaves the others usable: the UI shows its error as a problem of the code

@@ -10,8 +10,8 @@ import json
 
 from pydantic import BaseModel
 
-from dagster_rl.core.errors import DagsterRLError
-from dagster_rl.core.hashing import content_hash
+from dagster_rl.base.errors import DagsterRLError
+from dagster_rl.base.hashing import content_hash
 from dagster_rl.core.records import CALL_TIMES, STATS, CallTimes, call_times_key
 from dagster_rl.store.artifact_store import DATA, ArtifactStore
 

@@ -10,16 +10,11 @@ traced back to step 0 (`dagster_rl.core.lineage`):
 
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict
-
-from dagster_rl.core.hashing import cache_key, content_hash
+from dagster_rl.base.hashing import cache_key, content_hash
+from dagster_rl.base.strict import Record
 
 T = TypeVar("T")  # a task's trajectory
 R = TypeVar("R")  # a task's reward
-
-
-class Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class TrialFailed(Record):

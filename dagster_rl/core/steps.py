@@ -16,11 +16,11 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from dagster_rl.base.errors import CorruptArtifactError
+from dagster_rl.base.hashing import cache_key, canonical_json
+from dagster_rl.base.retries import AttemptsExhausted
 from dagster_rl.core.checks import require_enough_trials
-from dagster_rl.core.errors import CorruptArtifactError
-from dagster_rl.core.hashing import cache_key, canonical_json
 from dagster_rl.core.records import Rewards, Rollouts, TrialFailed
-from dagster_rl.core.retries import AttemptsExhausted
 from dagster_rl.core.task import JudgeBackend, Warn
 from dagster_rl.store.artifact_store import DATA, ArtifactRef, ArtifactStore
 

@@ -61,11 +61,11 @@ from typing import Any, Generic, Literal, Protocol, TypeVar, overload
 
 from pydantic import BaseModel
 
-from dagster_rl.core import plugins
+from dagster_rl.base import plugins
+from dagster_rl.base.retries import Limits
 from dagster_rl.core.checks import CheckOutcome
 from dagster_rl.core.experiment import Experiment
 from dagster_rl.core.progress import Progress
-from dagster_rl.core.retries import Limits
 from dagster_rl.runtime.pods import PodLauncher
 from dagster_rl.runtime.workers import Start
 from dagster_rl.store.artifact_store import ArtifactRef, ArtifactStore
@@ -371,7 +371,7 @@ def task_kinds() -> list[str]:
 
 def task_of(kind: str) -> Task:
     """The task registered as `kind`: a built-in one (imported on first use), one an experiment's
-    `plugins` registered, or one an installed plugin registers (`dagster_rl.core.plugins`: the
+    `plugins` registered, or one an installed plugin registers (`dagster_rl.base.plugins`: the
     entry points are imported at the first kind not found)."""
     if kind not in _REGISTERED and kind in BUILTIN_TASKS:
         importlib.import_module(BUILTIN_TASKS[kind])

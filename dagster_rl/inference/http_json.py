@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 
 
 class EndpointError(DagsterRLError):

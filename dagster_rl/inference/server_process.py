@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 from dagster_rl.inference.http_json import EndpointError
 from dagster_rl.inference.vllm_client import ServerReplyError, ServerSampling, VLLMClient
 

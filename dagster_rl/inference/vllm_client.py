@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 from dagster_rl.inference.http_json import EndpointError, JSONEndpoint
 
 VLLM_VERSION = "0.32.0"  # the version the tests run (Makefile), the `vllm` extra and deploy/k8s/vllm.yaml's image

@@ -22,8 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from dagster_rl.core.errors import CorruptArtifactError
-from dagster_rl.core.hashing import cache_key, content_hash, sha256_hex
+from dagster_rl.base.errors import CorruptArtifactError
+from dagster_rl.base.hashing import cache_key, content_hash, sha256_hex
 from dagster_rl.store.artifact_store import ArtifactStore
 
 KIND = "judge_calls"

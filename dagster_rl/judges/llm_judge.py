@@ -32,11 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dagster_rl.core import counters
-from dagster_rl.core.errors import DagsterRLError
-from dagster_rl.core.faults import maybe_fail
-from dagster_rl.core.hashing import content_hash
-from dagster_rl.core.retries import AttemptsExhausted, Limits, with_retries
+from dagster_rl.base import counters
+from dagster_rl.base.errors import DagsterRLError
+from dagster_rl.base.faults import maybe_fail
+from dagster_rl.base.hashing import content_hash
+from dagster_rl.base.retries import AttemptsExhausted, Limits, with_retries
 from dagster_rl.core.task import LLMGrading
 from dagster_rl.inference.http_json import EndpointError, JSONEndpoint
 from dagster_rl.judges.journal import JudgeCall, JudgeJournal, trajectory_hash

@@ -4,9 +4,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dagster_rl.core import counters
-from dagster_rl.core.faults import maybe_fail
-from dagster_rl.core.retries import Limits, with_retries
+from dagster_rl.base import counters
+from dagster_rl.base.faults import maybe_fail
+from dagster_rl.base.retries import Limits, with_retries
 
 
 @dataclass(frozen=True)

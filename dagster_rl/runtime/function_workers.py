@@ -10,7 +10,7 @@ it) and the next call starts a fresh one. Waiting for a free worker, and a worke
 interpreter, the callables' imports), count against no call's deadline: they have their own.
 
 A pool serves a fixed list of callables (`Callee`: `file.py:name` in a folder, or
-`package.module:name`, as `dagster_rl.core.plugins` resolves them). Each worker imports them all
+`package.module:name`, as `dagster_rl.base.plugins` resolves them). Each worker imports them all
 when it starts and checks that a file's bytes are the ones the caller hashed into its keys
 (`source_sha256`): a file edited since is refused, never run under the old key. Arguments and
 results travel as JSON (a result's numbers from numpy or torch are converted; NaN and infinities
@@ -293,7 +293,7 @@ def _where(error: BaseException) -> str:
 def _load(callees: list[dict]) -> list[Any]:
     import hashlib
 
-    from dagster_rl.core.plugins import load_callable, source_of
+    from dagster_rl.base.plugins import load_callable, source_of
 
     def digest(reference: str, folder: Path | None) -> str:
         return hashlib.sha256(source_of(reference, folder)).hexdigest()

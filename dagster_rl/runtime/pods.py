@@ -13,8 +13,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import Field, field_validator
 
-from dagster_rl.core.bounds import MAX_DEADLINE_S, MAX_NODES, MAX_RESTARTS, MAX_STEPS, NODE_GPUS
-from dagster_rl.core.strict import Strict
+from dagster_rl.base.bounds import MAX_DEADLINE_S, MAX_NODES, MAX_RESTARTS, MAX_STEPS, NODE_GPUS
+from dagster_rl.base.strict import Strict
 from dagster_rl.runtime.workers import Workers
 
 # A Kubernetes quantity: 4, 500m, 0.5, 24Gi, 8G ...

@@ -19,8 +19,8 @@ import signal
 from dataclasses import dataclass
 from typing import Literal
 
-from dagster_rl.core.errors import DagsterRLError
-from dagster_rl.core.records import Record
+from dagster_rl.base.errors import DagsterRLError
+from dagster_rl.base.strict import Record
 
 CallOutcome = Literal["exit", "timeout", "memory", "output_limit", "file_size", "disk_limit", "killed"]
 MAX_SOURCE_BYTES = 100_000  # a program's source travels as one argument (Linux allows 128 KiB)

@@ -15,7 +15,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from dagster_rl.core.errors import SandboxError
+from dagster_rl.base.errors import SandboxError
 from dagster_rl.runtime.lifetime import alive, identity
 
 OWNER = re.compile(r"^owner-(\d+)-(\d+)$")

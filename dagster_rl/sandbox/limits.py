@@ -8,7 +8,7 @@ number is bounded: past the bound it is a typo, not a setting.
 
 from pydantic import Field
 
-from dagster_rl.core.strict import Strict
+from dagster_rl.base.strict import Strict
 
 MAX_CPU_S = 3600.0
 MAX_MEMORY_MB = 1 << 20  # 1 TiB of address space

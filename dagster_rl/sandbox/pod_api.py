@@ -9,7 +9,7 @@ import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 from dagster_rl.runtime.lifetime import alive, identity
 from dagster_rl.sandbox.calls import SandboxUnavailable
 from dagster_rl.sandbox.pod_manifest import APP_LABELS, OWNER_LABEL, OWNER_POD, Owner, label_value

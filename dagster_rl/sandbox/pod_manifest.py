@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from dagster_rl.core.strict import Strict
+from dagster_rl.base.strict import Strict
 from dagster_rl.runtime.pods import QUANTITY, Toleration
 from dagster_rl.sandbox.limits import SandboxLimits
 from dagster_rl.sandbox.outcomes import WORK

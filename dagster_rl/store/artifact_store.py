@@ -13,7 +13,7 @@ Keys are never overwritten. When an artifact is already stored under a key:
   computations of one key on a GPU: trained `weights`, sampled `rollouts`, `evaluations`, and the
   LLM judge's `judge_calls`) keep the first writer's artifact; a second writer with other bytes
   adopts it, and the step continues from the stored one. Its warning says what differs
-  (`dagster_rl.core.differences`), and calls it float rounding only when nothing but floats differ,
+  (`dagster_rl.base.differences`), and calls it float rounding only when nothing but floats differ,
   within `differences.ROUNDING`;
 - every other kind (rewards, worlds, ...) is deterministic: other content under an existing key is
   an `ArtifactConflictError`, since the code changed without a new code version.
@@ -39,8 +39,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from dagster_rl.core.differences import Difference, compare
-from dagster_rl.core.errors import (
+from dagster_rl.base.differences import Difference, compare
+from dagster_rl.base.errors import (
     ArtifactConflictError,
     ArtifactMismatchError,
     CorruptArtifactError,
@@ -50,7 +50,7 @@ from dagster_rl.core.errors import (
     StoreLinkError,
     StoreWriteError,
 )
-from dagster_rl.core.hashing import cache_key, canonical_json, content_hash, sha256_hex
+from dagster_rl.base.hashing import cache_key, canonical_json, content_hash, sha256_hex
 from dagster_rl.store.layout import DATA, MANIFEST, aside_name, check_key, check_kind, check_name
 from dagster_rl.store.storage import Storage, open_storage
 

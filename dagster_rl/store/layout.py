@@ -5,7 +5,7 @@
     <root>/quarantine/<kind>/<aside>      an artifact moved aside (`aside_name`), never deleted
     <root>/quarantine/links/<aside>       a link found in place of one of the store's folders
 
-Keys are the 64-digit hex content keys of `dagster_rl.core.hashing.cache_key`, kinds are lowercase
+Keys are the 64-digit hex content keys of `dagster_rl.base.hashing.cache_key`, kinds are lowercase
 identifiers, file names plain names: every one is validated before a path is built from it, so no
 key or manifest read from metadata or a tampered store can lead a read or a write outside the store.
 """
@@ -14,7 +14,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from dagster_rl.core.errors import CorruptArtifactError, InvalidArtifactKeyError
+from dagster_rl.base.errors import CorruptArtifactError, InvalidArtifactKeyError
 
 MANIFEST = "manifest.json"
 DATA = "data.json"

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from dagster_rl.core.errors import CorruptArtifactError, StoreLinkError
+from dagster_rl.base.errors import CorruptArtifactError, StoreLinkError
 from dagster_rl.store import nofollow
 from dagster_rl.store.fsspec_storage import FsspecStorage
 from dagster_rl.store.layout import MANIFEST, PARTIALS, QUARANTINE, aside_name, stamp

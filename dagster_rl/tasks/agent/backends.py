@@ -8,10 +8,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dagster_rl.core import counters
-from dagster_rl.core.faults import flaky_trials
+from dagster_rl.base import counters
+from dagster_rl.base.faults import flaky_trials
+from dagster_rl.base.retries import Limits
 from dagster_rl.core.records import TrialFailed
-from dagster_rl.core.retries import Limits
 from dagster_rl.core.task import Weights
 from dagster_rl.sandbox.placement import Sandboxes
 from dagster_rl.tasks.agent.chat import ChatTurns

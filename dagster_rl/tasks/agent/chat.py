@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 
 _PROBE = [{"role": "user", "content": "probe"}, {"role": "assistant", "content": "reply"}]
 

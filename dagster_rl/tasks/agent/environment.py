@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pydantic import Field
 
-from dagster_rl.core import plugins
-from dagster_rl.core.strict import Strict
+from dagster_rl.base import plugins
+from dagster_rl.base.strict import Strict
 
 if TYPE_CHECKING:
     from dagster_rl.tasks.agent.trial_sandbox import TrialSandbox

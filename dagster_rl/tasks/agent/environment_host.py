@@ -89,7 +89,7 @@ class Host:
 
     def fork(self, target: str, preload: list[tuple[str, str | None]], args: tuple) -> tuple[int, socket.socket]:
         """A child running `target` (`module:function`) with (its socket, *args), forked once the host
-        has imported `preload` (modules, or plugin files with their folder: `dagster_rl.core.plugins`):
+        has imported `preload` (modules, or plugin files with their folder: `dagster_rl.base.plugins`):
         (pid, the parent's socket)."""
         ours, theirs = socket.socketpair()
         try:
@@ -108,7 +108,7 @@ def serve(control_fd: int) -> None:
     """The host's loop: a child per request, until the control socket closes."""
     from pathlib import Path
 
-    from dagster_rl.core.plugins import import_module
+    from dagster_rl.base.plugins import import_module
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     control = socket.socket(fileno=control_fd)

@@ -32,7 +32,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 from dagster_rl.runtime.lifetime import alive, identity
 from dagster_rl.sandbox.calls import Call, Program
 from dagster_rl.sandbox.placement import Sandboxes

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dagster_rl.core import counters
-from dagster_rl.core.errors import DagsterRLError
-from dagster_rl.core.hashing import seed_of
+from dagster_rl.base import counters
+from dagster_rl.base.errors import DagsterRLError
+from dagster_rl.base.hashing import seed_of
 from dagster_rl.sandbox.calls import Call, Program
 from dagster_rl.sandbox.folders import remove_tree, trial_folder
 from dagster_rl.sandbox.placement import Sandboxes

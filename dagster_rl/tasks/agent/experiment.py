@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
-from dagster_rl.core import bounds
-from dagster_rl.core.hashing import seed_of
-from dagster_rl.core.strict import Strict
+from dagster_rl.base import bounds
+from dagster_rl.base.hashing import seed_of
+from dagster_rl.base.strict import Strict
 from dagster_rl.tasks.agent.environment import EnvironmentSettings, World, environment_of
 from dagster_rl.tasks.agent.judge import AgentRubric
 from dagster_rl.tasks.agent.text_world import SecretSearchTextSettings
@@ -142,7 +142,7 @@ class AgentExperiment(LMExperiment):
             if trials * per_trial > bounds.MAX_TOKENS_PER_STEP:
                 raise ValueError(
                     f"{what} plays {trials} trials of up to max_turns x max_turn_tokens = {per_trial} sampled tokens: "
-                    f"{trials * per_trial} tokens, more than {bounds.MAX_TOKENS_PER_STEP} (see dagster_rl.core.bounds): fewer "
+                    f"{trials * per_trial} tokens, more than {bounds.MAX_TOKENS_PER_STEP} (see dagster_rl.base.bounds): fewer "
                     "trials, turns or tokens"
                 )
         return self

@@ -9,8 +9,8 @@ length; among successes, one turn fewer is worth efficiency / max_turns more.
 
 from pydantic import Field
 
-from dagster_rl.core import bounds
-from dagster_rl.core.strict import Strict
+from dagster_rl.base import bounds
+from dagster_rl.base.strict import Strict
 from dagster_rl.tasks.agent.records import AgentReward, AgentTrajectory
 
 

@@ -15,10 +15,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from dagster_rl.core import counters
-from dagster_rl.core.errors import ArtifactConflictError
+from dagster_rl.base import counters
+from dagster_rl.base.errors import ArtifactConflictError
+from dagster_rl.base.hashing import cache_key, canonical_json, seed_of
 from dagster_rl.core.experiment import step_key
-from dagster_rl.core.hashing import cache_key, canonical_json, seed_of
 from dagster_rl.core.progress import Progress
 from dagster_rl.core.records import CALL_TIMES, CallTimes, Rewards, Rollouts, TrialFailed, call_times_key
 from dagster_rl.core.steps import Judged, judge_as_they_land, mean, recovered, rewards_key, rollouts_key, step_rewards, trial_set

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dagster_rl.base.retries import describe
 from dagster_rl.core.records import TrialFailed
-from dagster_rl.core.retries import describe
 from dagster_rl.tasks.agent.episode import Episode, Stage
 from dagster_rl.tasks.agent.records import AgentTrajectory, EpisodeRequest
 from dagster_rl.tasks.lm.model.policy import Policy

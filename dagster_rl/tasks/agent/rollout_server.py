@@ -23,10 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dagster_rl.core import counters
-from dagster_rl.core.faults import maybe_fail
+from dagster_rl.base import counters
+from dagster_rl.base.faults import maybe_fail
+from dagster_rl.base.retries import AttemptsExhausted, describe, with_retries
 from dagster_rl.core.records import TrialFailed
-from dagster_rl.core.retries import AttemptsExhausted, describe, with_retries
 from dagster_rl.core.task import Weights
 from dagster_rl.inference.http_json import EndpointError
 from dagster_rl.inference.vllm_client import ServerSampling

@@ -19,8 +19,8 @@ same bytes in every run on a machine. The adapter's version stays 0: versions co
 import random
 from pathlib import Path
 
-from dagster_rl.core.errors import DagsterRLError
-from dagster_rl.core.hashing import seed_of
+from dagster_rl.base.errors import DagsterRLError
+from dagster_rl.base.hashing import seed_of
 from dagster_rl.core.records import Record
 from dagster_rl.sandbox.placement import Sandboxes
 from dagster_rl.tasks.agent.chat import ChatTurns

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster_rl
-from dagster_rl.core import counters
-from dagster_rl.core.faults import flaky_trials
-from dagster_rl.core.hashing import content_hash
+from dagster_rl.base import counters
+from dagster_rl.base.faults import flaky_trials
+from dagster_rl.base.hashing import content_hash
+from dagster_rl.base.retries import Limits, with_retries
 from dagster_rl.core.records import TrialFailed
-from dagster_rl.core.retries import Limits, with_retries
 from dagster_rl.core.task import Launch, Weights
 from dagster_rl.runtime.lifetime import identity
 from dagster_rl.runtime.pods import COMPLETION_INDEX, MASTER_ADDR, MASTER_PORT, PodJob, PodLauncher

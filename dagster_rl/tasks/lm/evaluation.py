@@ -8,8 +8,8 @@ reward functions' included. A reward function or verifier that fails on a held-o
 
 from concurrent.futures import ThreadPoolExecutor
 
+from dagster_rl.base.retries import with_retries
 from dagster_rl.core.records import Record
-from dagster_rl.core.retries import with_retries
 from dagster_rl.tasks.lm.data.prompts import PromptItem, PromptSet
 from dagster_rl.tasks.lm.model.policy import Policy
 from dagster_rl.tasks.lm.rewards import LMRubric, Scored, Scorer

@@ -4,9 +4,9 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from dagster_rl.core import bounds
+from dagster_rl.base import bounds
+from dagster_rl.base.strict import Strict
 from dagster_rl.core.experiment import Checks, Experiment
-from dagster_rl.core.strict import Strict
 from dagster_rl.runtime.pods import PodResources
 from dagster_rl.tasks.lm.data.gym import ReasoningGymPrompts
 from dagster_rl.tasks.lm.data.prompts import SyntheticPrompts
@@ -133,7 +133,7 @@ class LMTrainerSettings(Strict):
         if threads > bounds.MAX_THREADS:
             raise ValueError(
                 f"nproc_per_node x threads_per_process = {self.nproc_per_node} x {self.threads_per_process} = {threads} threads "
-                f"on one node, more than the {bounds.MAX_THREADS} a node has (see dagster_rl.core.bounds)"
+                f"on one node, more than the {bounds.MAX_THREADS} a node has (see dagster_rl.base.bounds)"
             )
         return self
 
@@ -209,13 +209,13 @@ class LMExperiment(Experiment):
                 f"{self.n_samples} x {self.sampling.max_new_tokens} x {held} = {sampled} tokens the driver may hold, more "
                 f"than {bounds.MAX_TOKENS_PER_STEP} (a step's rollouts are held whole by the driver, "
                 f"~{bounds.BYTES_PER_SAMPLED_TOKEN} bytes a token, and at a lag the steps generated ahead too; see "
-                "dagster_rl.core.bounds): fewer trials, fewer tokens or a smaller lag"
+                "dagster_rl.base.bounds): fewer trials, fewer tokens or a smaller lag"
             )
         evaluated = self.task.source.n_eval * self.eval_max_new_tokens
         if evaluated > bounds.MAX_TOKENS_PER_STEP:
             raise ValueError(
                 f"task.source.n_eval x eval_max_new_tokens = {self.task.source.n_eval} x {self.eval_max_new_tokens} = "
-                f"{evaluated} tokens an evaluation may generate, more than {bounds.MAX_TOKENS_PER_STEP} (see dagster_rl.core.bounds)"
+                f"{evaluated} tokens an evaluation may generate, more than {bounds.MAX_TOKENS_PER_STEP} (see dagster_rl.base.bounds)"
             )
         return self
 

@@ -31,9 +31,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 from safetensors.torch import load as load_safetensors
 
+from dagster_rl.base.hashing import canonical_json
 from dagster_rl.core.checks import CheckOutcome, on_policy, step_checks, weights_finite
 from dagster_rl.core.experiment import step_key
-from dagster_rl.core.hashing import canonical_json
 from dagster_rl.core.progress import Progress
 from dagster_rl.core.records import STATS, TrainedFrom
 from dagster_rl.core.steps import mean, trained_from, weights_key

@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from dagster_rl.core.hashing import seed_of
+from dagster_rl.base.hashing import seed_of
 from dagster_rl.core.records import Record
 from dagster_rl.tasks.lm.data.prompts import PromptItem
 

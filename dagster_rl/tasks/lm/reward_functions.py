@@ -8,7 +8,7 @@ outlived its timeout, or its worker died) is a `RewardFunctionError` naming the 
 and the error: the trial's judgement fails (retried as the judge's retries say, then the trial is
 skipped), never scored 0 and never stored.
 
-The bytes of each function's file (`dagster_rl.core.plugins.source_of`: the `.py` in the experiments
+The bytes of each function's file (`dagster_rl.base.plugins.source_of`: the `.py` in the experiments
 folder, or the module's source file) are in the keys of the rewards and evaluations they score:
 editing the file scores again; a worker refuses a file whose bytes differ from the key's.
 """
@@ -17,8 +17,8 @@ import hashlib
 import math
 from typing import Any
 
-from dagster_rl.core.errors import DagsterRLError
-from dagster_rl.core.plugins import source_of
+from dagster_rl.base.errors import DagsterRLError
+from dagster_rl.base.plugins import source_of
 from dagster_rl.runtime.function_workers import Callee, FunctionFailed, FunctionWorkers
 from dagster_rl.tasks.lm.settings import RewardFunction
 

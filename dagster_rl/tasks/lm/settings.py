@@ -6,10 +6,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from dagster_rl.core import bounds
+from dagster_rl.base import bounds
+from dagster_rl.base.plugins import check_reference
+from dagster_rl.base.strict import Strict
 from dagster_rl.core.experiment import ADVANTAGE_EPS, EXPERIMENTS_FOLDER
-from dagster_rl.core.plugins import check_reference
-from dagster_rl.core.strict import Strict
 
 ATTENTION_AND_MLP = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 Beta = Annotated[float, Field(ge=0.0, lt=1.0)]  # an Adam moment's decay
@@ -36,7 +36,7 @@ class LoRASettings(Strict):
         if self.alpha / self.rank > bounds.MAX_LORA_SCALE:
             raise ValueError(
                 f"alpha / rank = {self.alpha:g} / {self.rank} = {self.alpha / self.rank:g} scales the adapter's output by more "
-                f"than {bounds.MAX_LORA_SCALE:g} (usually 1 or 2; see dagster_rl.core.bounds); lower alpha or raise rank"
+                f"than {bounds.MAX_LORA_SCALE:g} (usually 1 or 2; see dagster_rl.base.bounds); lower alpha or raise rank"
             )
         return self
 

@@ -3,9 +3,9 @@ beside the base's and the starting weights', each stored under a key of what it 
 
 import time
 
-from dagster_rl.core import counters
+from dagster_rl.base import counters
+from dagster_rl.base.hashing import cache_key, content_hash
 from dagster_rl.core.experiment import step_key
-from dagster_rl.core.hashing import cache_key, content_hash
 from dagster_rl.core.progress import Progress
 from dagster_rl.core.task import StepAsset, Weights
 from dagster_rl.store.artifact_store import ArtifactRef, ArtifactStore

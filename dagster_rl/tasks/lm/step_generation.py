@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from dagster_rl.base.hashing import content_hash
 from dagster_rl.core.experiment import step_key
-from dagster_rl.core.hashing import content_hash
 from dagster_rl.core.records import Rewards, Rollouts, TrialFailed
 from dagster_rl.core.steps import Judged, judge_as_they_land, recovered, rewards_key, rollouts_key, step_rewards, trial_set
 from dagster_rl.core.task import Backends, Warn, Weights

@@ -8,8 +8,8 @@ from contextlib import contextmanager
 
 import torch
 
-from dagster_rl.core import counters
-from dagster_rl.core.hashing import cache_key, canonical_json, content_hash
+from dagster_rl.base import counters
+from dagster_rl.base.hashing import cache_key, canonical_json, content_hash
 from dagster_rl.core.task import WarmupResult, Weights
 from dagster_rl.store.artifact_store import ArtifactRef, ArtifactStore
 from dagster_rl.tasks.lm.backend_protocols import Checkpoint

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from dagster_rl.core import counters
-from dagster_rl.core.errors import SandboxError
-from dagster_rl.core.faults import maybe_fail
-from dagster_rl.core.retries import Limits, with_retries
+from dagster_rl.base import counters
+from dagster_rl.base.errors import SandboxError
+from dagster_rl.base.faults import maybe_fail
+from dagster_rl.base.retries import Limits, with_retries
 from dagster_rl.core.task import RolloutBackend, TrainerBackend
 from dagster_rl.tasks.secret_search.agent import run_agent
 from dagster_rl.tasks.secret_search.experiment import SecretSearchExperiment

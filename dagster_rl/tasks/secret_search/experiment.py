@@ -4,9 +4,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from dagster_rl.core import bounds
+from dagster_rl.base import bounds
+from dagster_rl.base.strict import Strict
 from dagster_rl.core.experiment import ADVANTAGE_EPS, Experiment
-from dagster_rl.core.strict import Strict
 
 MAX_DOCS_PER_STEP = 100_000  # documents of the worlds a step uses: written once, read by every trial
 

@@ -1,6 +1,6 @@
 """How the LLM judge grades a secret_search trajectory: its prompt, and the reward for its grade."""
 
-from dagster_rl.core.hashing import canonical_json
+from dagster_rl.base.hashing import canonical_json
 from dagster_rl.tasks.secret_search.experiment import SecretSearchExperiment
 from dagster_rl.tasks.secret_search.judge import score
 from dagster_rl.tasks.secret_search.records import Reward, Trajectory

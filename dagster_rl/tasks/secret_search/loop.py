@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from functools import partial
 
-from dagster_rl.core import counters
+from dagster_rl.base import counters
+from dagster_rl.base.hashing import cache_key, canonical_json, seed_of
+from dagster_rl.base.retries import AttemptsExhausted
 from dagster_rl.core.checks import step_checks
 from dagster_rl.core.experiment import step_key
-from dagster_rl.core.hashing import cache_key, canonical_json, seed_of
 from dagster_rl.core.records import STATS, Rewards, Rollouts, TrialFailed
-from dagster_rl.core.retries import AttemptsExhausted
 from dagster_rl.core.steps import (
     Judged,
     judge_as_they_land,

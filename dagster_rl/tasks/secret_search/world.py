@@ -7,7 +7,7 @@ from the world id in memory and never written anywhere.
 import hashlib
 import random
 
-from dagster_rl.core.hashing import seed_of
+from dagster_rl.base.hashing import seed_of
 
 WORLD_CODE_VERSION = "world-1"
 DIGEST_PREFIX = "secret-digest: "

@@ -22,10 +22,10 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from dagster_rl.core.bounds import MAX_HELDOUT_PROMPTS
+from dagster_rl.base.bounds import MAX_HELDOUT_PROMPTS
+from dagster_rl.base.hashing import sha256_hex
+from dagster_rl.base.strict import Strict
 from dagster_rl.core.experiment import EXPERIMENTS_FOLDER
-from dagster_rl.core.hashing import sha256_hex
-from dagster_rl.core.strict import Strict
 from dagster_rl.tasks.lm.data.prompts import N_EVAL, TEMPLATE, PromptError, PromptItem, split_heldout
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}  # suffix -> datasets' builder

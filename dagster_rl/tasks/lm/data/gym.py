@@ -19,9 +19,9 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from dagster_rl.core.bounds import MAX_HELDOUT_PROMPTS
-from dagster_rl.core.hashing import seed_of, sha256_hex
-from dagster_rl.core.strict import Strict
+from dagster_rl.base.bounds import MAX_HELDOUT_PROMPTS
+from dagster_rl.base.hashing import seed_of, sha256_hex
+from dagster_rl.base.strict import Strict
 from dagster_rl.tasks.lm.data.prompts import N_EVAL, TEMPLATE, PromptError, PromptItem, extract_answer
 
 MAX_QUESTIONS = 1_000_000  # a training split's questions (each a few hundred bytes in the driver)

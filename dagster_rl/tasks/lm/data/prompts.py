@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field
 
-from dagster_rl.core.bounds import MAX_HELDOUT_PROMPTS
-from dagster_rl.core.errors import DagsterRLError
-from dagster_rl.core.hashing import canonical_json, seed_of, sha256_hex
+from dagster_rl.base.bounds import MAX_HELDOUT_PROMPTS
+from dagster_rl.base.errors import DagsterRLError
+from dagster_rl.base.hashing import canonical_json, seed_of, sha256_hex
+from dagster_rl.base.strict import Strict
 from dagster_rl.core.records import Record
-from dagster_rl.core.strict import Strict
 from dagster_rl.tasks.lm.data.word_problems import resolve_dataset
 
 if TYPE_CHECKING:  # transformers is imported where a tokenizer is built, not where prompts are read

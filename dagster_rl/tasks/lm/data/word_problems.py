@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from dagster_rl.core.hashing import seed_of
+from dagster_rl.base.hashing import seed_of
 
 NAMES = {  # name -> pronoun
     "Tom": "He",

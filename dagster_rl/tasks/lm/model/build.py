@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 from transformers import PreTrainedModel
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 
 BUILD_LOCK = threading.RLock()  # re-entrant: a build may build (PEFT over a base, a conversion)
 

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 from dagster_rl.store.layout import FILE_NAME
 
 CACHE_VARIABLE = "DAGSTER_RL_MODEL_CACHE"

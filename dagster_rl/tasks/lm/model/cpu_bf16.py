@@ -14,7 +14,7 @@ architectures (ARM), and a torch without that function, are not checked.
 import platform
 from functools import lru_cache
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 

@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 from dagster_rl.tasks.lm.model.build import building, check_whole
 from dagster_rl.tasks.lm.model.cache import cached_folder, file_sha256, model_cache_dir
 

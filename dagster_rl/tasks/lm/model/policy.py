@@ -27,8 +27,8 @@ from safetensors.torch import save as save_safetensors
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from dagster_rl.core.errors import DagsterRLError
-from dagster_rl.core.hashing import canonical_json, content_hash, sha256_hex
+from dagster_rl.base.errors import DagsterRLError
+from dagster_rl.base.hashing import canonical_json, content_hash, sha256_hex
 from dagster_rl.tasks.lm.model.build import building, check_whole
 from dagster_rl.tasks.lm.model.cpu_bf16 import check_bf16_cpu
 from dagster_rl.tasks.lm.model.tiny import resolve_model
@@ -159,7 +159,7 @@ def attach_lora(model: torch.nn.Module, lora: LoRASettings) -> PeftModel:
     if isinstance(hidden, int) and lora.rank > hidden:  # sizes multiply: rank x hidden per adapted matrix
         raise DagsterRLError(
             f"policy.lora.rank {lora.rank} is more than the base model's hidden size {hidden}: the adapter would be larger "
-            f"than the layers it adapts (see dagster_rl.core.bounds). Use a rank of at most {hidden}."
+            f"than the layers it adapts (see dagster_rl.base.bounds). Use a rank of at most {hidden}."
         )
     config = lora_config(lora)
     with building(), torch.random.fork_rng(devices=[]):

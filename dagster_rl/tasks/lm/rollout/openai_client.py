@@ -33,11 +33,11 @@ from pathlib import Path
 import fsspec
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
-from dagster_rl.core import counters
-from dagster_rl.core.errors import DagsterRLError
-from dagster_rl.core.faults import maybe_fail
+from dagster_rl.base import counters
+from dagster_rl.base.errors import DagsterRLError
+from dagster_rl.base.faults import maybe_fail
+from dagster_rl.base.retries import AttemptsExhausted, Limits, describe, with_retries
 from dagster_rl.core.records import TrialFailed
-from dagster_rl.core.retries import AttemptsExhausted, Limits, describe, with_retries
 from dagster_rl.core.task import Endpoint, RolloutEnv, Weights
 from dagster_rl.inference.http_json import EndpointError
 from dagster_rl.inference.vllm_client import ServerReplyError, ServerSampling, VLLMClient

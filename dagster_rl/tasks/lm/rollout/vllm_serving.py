@@ -19,7 +19,7 @@ import json
 import shlex
 from pathlib import Path
 
-from dagster_rl.core.errors import DagsterRLError
+from dagster_rl.base.errors import DagsterRLError
 from dagster_rl.inference.server_process import vllm_cpu_command
 from dagster_rl.tasks.lm.data.prompts import encode_prompt, load_prompt_set
 from dagster_rl.tasks.lm.experiment import LMExperiment

@@ -63,7 +63,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from dagster_rl.core import bounds
+from dagster_rl.base import bounds
 from dagster_rl.tasks.lm.serve.batcher import Batcher
 from dagster_rl.tasks.lm.serve.cli import adapter_roots
 from dagster_rl.tasks.lm.serve.engine import Engine

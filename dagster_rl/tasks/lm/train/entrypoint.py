@@ -39,8 +39,8 @@ import torch.distributed as dist
 from pydantic import Field
 from safetensors.torch import save_file
 
+from dagster_rl.base.strict import Strict
 from dagster_rl.core.records import Record
-from dagster_rl.core.strict import Strict
 from dagster_rl.runtime.lifetime import alive
 from dagster_rl.tasks.agent.records import AgentReward, AgentTrajectory
 from dagster_rl.tasks.lm.model.policy import (

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dagster_rl.core.strict import Strict
+from dagster_rl.base.strict import Strict
 from dagster_rl.runtime.lifetime import alive, identity
 from dagster_rl.runtime.workers import Workers, WorkersGone
 from dagster_rl.tasks.lm.model.policy import checkpoint_hash, load_checkpoint, save_checkpoint

@@ -20,9 +20,9 @@ from typing import Literal, Protocol
 import torch
 import torch.distributed as dist
 
+from dagster_rl.base.errors import DagsterRLError
+from dagster_rl.base.hashing import seed_of
 from dagster_rl.core.advantages import group_normalized_advantages, groups_with_signal
-from dagster_rl.core.errors import DagsterRLError
-from dagster_rl.core.hashing import seed_of
 from dagster_rl.core.records import Record
 from dagster_rl.tasks.lm.model.logprobs import PackedBatch, pack, packed_logprobs
 from dagster_rl.tasks.lm.model.policy import Policy

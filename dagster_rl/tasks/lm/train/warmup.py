@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from dagster_rl.core.errors import DagsterRLError
-from dagster_rl.core.hashing import seed_of
+from dagster_rl.base.errors import DagsterRLError
+from dagster_rl.base.hashing import seed_of
 from dagster_rl.core.records import Record
 from dagster_rl.tasks.lm.data.prompts import PromptItem, encode_prompt
 from dagster_rl.tasks.lm.model.policy import Policy, checkpoint_bytes

@@ -75,3 +75,9 @@ class Strict(BaseModel):
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, errors)
         return data
+
+
+class Record(BaseModel):
+    """The base of every stored record: unknown fields are errors."""
+
+    model_config = ConfigDict(extra="forbid")

@@ -4,7 +4,7 @@ import random
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
-from dagster_rl.core.hashing import seed_of
+from dagster_rl.base.hashing import seed_of
 
 
 class InjectedFault(RuntimeError):
