@@ -32,8 +32,9 @@ from tests.lm_fixtures import (
 )
 
 # a strong KL weight: with a 1-sample batch (one rank's shard empty) the KL term is the whole gradient;
-# a small token budget: a rank's shard of 3 samples is 2 micro-batches, the single process's 6 are 3 or 4
-DDP_GRPO = GRPOLMSettings(**{**GRPO.model_dump(), "kl_beta": 0.5, "clip_eps": 0.05, "micro_batch_tokens": 16})
+# a small token budget: a rank's shard of 3 samples is 1 micro-batch, the single process's 6 are 2; every
+# row padded to the same width in both layouts (`_widths`: the premise of the summation bound)
+DDP_GRPO = GRPOLMSettings(**{**GRPO.model_dump(), "kl_beta": 0.5, "clip_eps": 0.05, "micro_batch_tokens": 24})
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,15 @@ def _single_process(tiny_dir, folder, batch, device):
     with gradient_terms(policy) as terms:
         metrics = train_step(policy, optimizer, samples, len(samples), DDP_GRPO, facts, on_grads=grads.update)
     return grads, terms, metrics, checkpoint_bytes(policy, optimizer)
+
+
+def _widths(samples, plan: list[list[int]]) -> list[int]:
+    """Each sample's padded width under a micro-batch plan: the longest sequence of its micro-batch."""
+    width = [0] * len(samples)
+    for idx in plan:
+        for i in idx:
+            width[i] = max(len(samples[j].prompt_ids) + len(samples[j].completion_ids) for j in idx)
+    return width
 
 
 def _adam_on(tiny_dir, folder, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -128,9 +138,18 @@ def test_two_rank_gradients_equal_single_process(tiny_dir, trained_v1, tmp_path,
     grads, terms, metrics, _ = _single_process(tiny_dir, folder, batch, device)
     grads = {k: v.cpu() for k, v in grads.items()}
     samples, _ = build_samples(batch.rollouts, batch.rewards, DDP_GRPO.advantage_eps)
-    packed = [len(micro_batches(shard(samples, rank, 2), DDP_GRPO.micro_batch_tokens)) for rank in range(2)]
-    assert packed == ([1, 0] if n_samples == 1 else [2, 2])
-    assert len(micro_batches(samples, DDP_GRPO.micro_batch_tokens)) == (1 if n_samples == 1 else 3)
+    single_plan = micro_batches(samples, DDP_GRPO.micro_batch_tokens)
+    rank_plans = [micro_batches(shard(samples, rank, 2), DDP_GRPO.micro_batch_tokens) for rank in range(2)]
+    assert [len(p) for p in rank_plans] == ([1, 0] if n_samples == 1 else [1, 1])
+    assert len(single_plan) == (1 if n_samples == 1 else 2)
+    # Each row is padded to the same width in both layouts, so its forward is the same computation in
+    # both: a row padded to another width is computed with other vector tails, which on AVX2 and
+    # torch's default kernels (not AVX-512) round its log-probs an ulp apart, and the KL term's
+    # coefficient 1 - exp(ref - new) turns an ulp of a log-prob into a relative error of
+    # eps |logp| / |ref - new| in the gradient's factors: measured, 134 eps32 sum|terms| (n - 1 = 46)
+    # when one rank ran a length-7 row alone that the single process padded to 8.
+    rank_widths = [_widths(shard(samples, r, 2), p) for r, p in enumerate(rank_plans)]
+    assert _widths(samples, single_plan) == [rank_widths[i % 2][i // 2] for i in range(n_samples)]
 
     assert set(dist_grads) == set(grads) and len(grads) == 26  # (2 layers x 6 modules + lm_head) x (A, B)
     assert sum(float(g.norm()) for g in grads.values()) > 1e-3
