@@ -57,7 +57,7 @@ class Counter:
 
     def step(self, action: str) -> Outcome:
         call = self.sandbox.run(Program(python=f"print({len(action)} * 2)"), LIMITS)
-        return Outcome(call.text(LIMITS.cpu_s), tool="python", argument=str(len(action)))
+        return Outcome(call.text(LIMITS), tool="python", argument=str(len(action)))
 
     def verdict(self) -> dict:
         return {"success": True}

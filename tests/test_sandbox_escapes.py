@@ -154,12 +154,13 @@ def test_an_endless_loop_ends_at_its_cpu_seconds(sandboxes):
     call, _ = run_hostile(sandboxes, "print('looping')\nwhile True:\n    pass")
     assert call.outcome == "timeout" and call.signal == 24 and call.stdout == "looping\n"  # SIGXCPU
     assert LIMITS.cpu_s - 0.5 < call.seconds < LIMITS.cpu_s + SLACK_S
-    assert call.text(LIMITS.cpu_s) == "looping\n[Timeout after 2 s]"
+    assert call.text(LIMITS) == "looping\n[Timeout after 2 s]"
 
 
 def test_a_sleeping_program_ends_at_the_wall_clock_backstop(sandboxes):
     call, _ = run_hostile(sandboxes, "import time\ntime.sleep(60)")
     assert call.outcome == "timeout" and LIMITS.wall_s <= call.seconds < LIMITS.wall_s + SLACK_S
+    assert call.text(LIMITS) == "[Timeout: still running after 6 s of wall time]"  # not the CPU seconds it never used
 
 
 def test_a_flood_of_output_is_cut_and_stopped(sandboxes):

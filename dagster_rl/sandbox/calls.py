@@ -21,6 +21,7 @@ from typing import Literal
 
 from dagster_rl.base.errors import DagsterRLError
 from dagster_rl.base.strict import Record
+from dagster_rl.sandbox.limits import SandboxLimits
 
 CallOutcome = Literal["exit", "timeout", "memory", "output_limit", "file_size", "disk_limit", "killed"]
 MAX_SOURCE_BYTES = 100_000  # a program's source travels as one argument (Linux allows 128 KiB)
@@ -60,7 +61,7 @@ class Call(Record):
     outcome: CallOutcome
     seconds: float  # wall time of the call, sandbox start included
 
-    def text(self, limits_cpu_s: float | None = None) -> str:
+    def text(self, limits: SandboxLimits | None = None) -> str:
         """The call as an agent reads it: stdout, then stderr, then one line on how it ended when
         it did not exit with status 0."""
         parts = [self.stdout.rstrip("\n")] if self.stdout else []
@@ -70,15 +71,15 @@ class Call(Record):
             parts.append(self.stderr.rstrip("\n"))
         if self.stderr_cut:
             parts.append(f"[stderr cut: {self.stderr_cut} more bytes]")
-        ending = self.ending(limits_cpu_s)
+        ending = self.ending(limits)
         if ending:
             parts.append(f"[{ending}]")
         return "\n".join(parts)
 
-    def details(self, limits_cpu_s: float | None = None) -> list[str]:
+    def details(self, limits: SandboxLimits | None = None) -> list[str]:
         """How it ended, for a person: the ending when it is not a plain exit, then the exit status
         or the signal (`["Timeout after 5 s", "signal SIGXCPU"]`)."""
-        ending = self.ending(limits_cpu_s)
+        ending = self.ending(limits)
         shown = [ending] if ending and not ending.startswith("exit status") else []
         if self.exit_status is not None:
             shown.append(f"exit status {self.exit_status}")
@@ -86,12 +87,19 @@ class Call(Record):
             shown.append(f"signal {signal.Signals(self.signal).name}")
         return shown
 
-    def ending(self, limits_cpu_s: float | None = None) -> str:
-        """`Timeout after 5 s`, `exit status 1`, ...: how it ended, or "" for an exit with status 0."""
+    def ending(self, limits: SandboxLimits | None = None) -> str:
+        """`Timeout after 5 s`, `exit status 1`, ...: how it ended, or "" for an exit with status 0.
+        A timeout with no signal was stopped from outside, by the wall clock (a program that sleeps or
+        blocks): it names that limit, not the CPU seconds it never used. Limits, never the measured
+        time, so that the same program reads the same every time."""
         if self.outcome == "exit":
             return "" if self.exit_status == 0 else f"exit status {self.exit_status}"
         if self.outcome == "timeout":
-            return f"Timeout after {limits_cpu_s:g} s" if limits_cpu_s is not None else "Timeout"
+            if limits is None:
+                return "Timeout"
+            if self.signal is None and self.exit_status is None:
+                return f"Timeout: still running after {limits.wall_s:g} s of wall time"
+            return f"Timeout after {limits.cpu_s:g} s"
         name = signal.Signals(self.signal).name if self.signal else None
         return {
             "memory": "Out of memory",

@@ -13,6 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from dagster_rl.sandbox.bubblewrap import BubblewrapSandboxes, default_root
 from dagster_rl.sandbox.calls import MAX_SOURCE_BYTES, Program, SandboxUnavailable
 from dagster_rl.sandbox.limits import SandboxLimits
@@ -27,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--memory", type=int, default=defaults.memory_mb, help=f"MiB of address space (default {defaults.memory_mb})"
     )
+    run.add_argument(
+        "--wall",
+        type=float,
+        default=None,
+        help=f"wall-clock seconds, for a program that sleeps or blocks (default: {defaults.wall_s:g}, or 4 x --timeout if more)",
+    )
     run.add_argument("--python", default=BubblewrapSandboxes.python, help="the sandbox's interpreter (default %(default)s)")
 
 
@@ -35,7 +43,13 @@ def run(args: argparse.Namespace) -> None:
     if not path.is_file():
         sys.exit(f"dagster-rl sandbox: {path} is not a file")
     data = path.read_bytes()
-    limits = SandboxLimits(cpu_s=args.timeout, wall_s=max(SandboxLimits().wall_s, 4 * args.timeout), memory_mb=args.memory)
+    wall = args.wall if args.wall is not None else max(SandboxLimits().wall_s, 4 * args.timeout)
+    try:
+        limits = SandboxLimits(cpu_s=args.timeout, wall_s=wall, memory_mb=args.memory)
+    except ValidationError as e:
+        flags = {"cpu_s": "--timeout", "wall_s": "--wall", "memory_mb": "--memory"}
+        wrong = "; ".join(f"{flags.get(str(x['loc'][0]), x['loc'][0])} {x['input']!r}: {x['msg'].lower()}" for x in e.errors())
+        sys.exit(f"dagster-rl sandbox: {wrong}")
     sandboxes = BubblewrapSandboxes(default_root(), python=args.python)
     try:
         sandboxes.check()
@@ -58,5 +72,5 @@ def run(args: argparse.Namespace) -> None:
     sys.stderr.flush()
     if call.stdout and not call.stdout.endswith("\n"):
         sys.stdout.write("\n")
-    print(f"outcome: {call.outcome} ({', '.join([*call.details(limits.cpu_s), f'{call.seconds:.2f} s'])})")
+    print(f"outcome: {call.outcome} ({', '.join([*call.details(limits), f'{call.seconds:.2f} s'])})")
     sys.stdout.flush()

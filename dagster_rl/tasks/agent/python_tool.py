@@ -40,7 +40,7 @@ from dagster_rl.tasks.agent.environment import (
 )
 from dagster_rl.tasks.agent.trial_sandbox import TrialSandbox
 
-CODE_VERSION = "python-tool-1"
+CODE_VERSION = "python-tool-2"  # 2: a wall-clock timeout reads as one
 Kind = Literal["products", "sums", "power_digits"]
 INSTRUCTIONS = """You can run Python code. To run code, reply with one line:
 python: <code>
@@ -141,7 +141,7 @@ class PythonTool:
                 return Outcome("", done=True, end_reason="bad_action", tool="python", argument=code[:200])
             self.calls += 1
             call = self.sandbox.run(program_of(code), self.settings.sandbox)
-            text = call.text(self.settings.sandbox.cpu_s)
+            text = call.text(self.settings.sandbox)
             return Outcome(text if text.strip() else "(no output)", tool="python", argument=code)
         verb, sep, rest = action.strip().partition(":")
         if sep and verb.strip().lower() == "answer" and rest.strip():

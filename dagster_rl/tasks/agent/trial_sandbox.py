@@ -6,7 +6,7 @@
             sandbox.write("data.csv", b"...")                      # a file the programs will see
         def step(self, action):
             call = sandbox.run(Program(python=code), settings.limits)   # a program, in the sandbox
-            return Outcome(call.text(settings.limits.cpu_s), tool="python", argument=code)
+            return Outcome(call.text(settings.limits), tool="python", argument=code)
 
 `folder` is the environment's: a folder on the machine the environment runs on, made for the trial
 and removed when it ends; the programs never see it. `run` runs a program in the trial's
