@@ -50,3 +50,23 @@ def test_bad_limits_and_a_missing_file_exit_1_naming_what_was_wrong(tmp_path):
     assert "--memory 3: input should be greater than or equal to 16" in bad.stderr
     absent = sandbox_run(str(tmp_path / "absent.py"))
     assert absent.returncode == 1 and f"{tmp_path / 'absent.py'} is not a file" in absent.stderr
+
+
+@pytest.mark.parametrize(
+    "sig,seconds,reads",
+    [
+        (None, 20.01, "Timeout: still running after 20 s of wall time"),  # bubblewrap's backstop stopped it
+        (9, 20.5, "Timeout: still running after 20 s of wall time"),  # a pod's launcher killed it at the wall time
+        (9, 5.2, "Timeout after 5 s"),  # the hard CPU limit's SIGKILL
+        (24, 5.0, "Timeout after 5 s"),  # SIGXCPU
+        (24, 25.0, "Timeout after 5 s"),  # SIGXCPU on a loaded machine: still the CPU seconds
+    ],
+)
+def test_a_timeout_names_the_limit_that_stopped_it(sig, seconds, reads):
+    from dagster_rl.sandbox.calls import Call
+    from dagster_rl.sandbox.limits import SandboxLimits
+
+    call = Call(
+        stdout="", stderr="", stdout_cut=0, stderr_cut=0, outcome="timeout", exit_status=None, signal=sig, seconds=seconds
+    )
+    assert call.ending(SandboxLimits(cpu_s=5, wall_s=20)) == reads

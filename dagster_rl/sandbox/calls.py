@@ -89,15 +89,18 @@ class Call(Record):
 
     def ending(self, limits: SandboxLimits | None = None) -> str:
         """`Timeout after 5 s`, `exit status 1`, ...: how it ended, or "" for an exit with status 0.
-        A timeout with no signal was stopped from outside, by the wall clock (a program that sleeps or
-        blocks): it names that limit, not the CPU seconds it never used. Limits, never the measured
+        A timeout by the wall clock (a program that sleeps or blocks: stopped from outside with no
+        signal of its own, or killed by a pod's launcher once the wall time had passed) names that
+        limit, not the CPU seconds it never used. Limits, never the measured
         time, so that the same program reads the same every time."""
         if self.outcome == "exit":
             return "" if self.exit_status == 0 else f"exit status {self.exit_status}"
         if self.outcome == "timeout":
             if limits is None:
                 return "Timeout"
-            if self.signal is None and self.exit_status is None:
+            stopped_outside = self.signal is None and self.exit_status is None  # bubblewrap's backstop
+            killed_late = self.signal not in (None, signal.SIGXCPU) and self.seconds >= limits.wall_s  # a pod's launcher
+            if stopped_outside or killed_late:
                 return f"Timeout: still running after {limits.wall_s:g} s of wall time"
             return f"Timeout after {limits.cpu_s:g} s"
         name = signal.Signals(self.signal).name if self.signal else None
