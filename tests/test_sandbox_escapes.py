@@ -125,10 +125,11 @@ def test_writes_outside_its_folder_fail_or_vanish(sandboxes):
 
 
 def test_a_fork_bomb_is_contained_and_stopped(sandboxes):
-    t0 = time.monotonic()
     call, _ = run_hostile(sandboxes, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
     assert call.outcome == "timeout"
-    assert time.monotonic() - t0 < LIMITS.wall_s + SLACK_S
+    # the call's own wall time, sandbox start included; not the helper's scan of the host for traces,
+    # which under CI's load took 3.4 s more (a false failure at 9.4 s)
+    assert call.seconds < LIMITS.wall_s + SLACK_S
 
 
 def test_a_12_gib_allocation_is_out_of_memory(sandboxes):
