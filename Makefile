@@ -17,7 +17,7 @@ PORT ?=
 VLLM_VERSION := 0.32.0
 VLLM_VENV := .venv-vllm
 
-.PHONY: install vllm smollm2 demo train status lint test test-numerics-default check-numerics bench ui docs clean
+.PHONY: install vllm smollm2 demo train status lint test test-serial test-numerics-default check-numerics bench ui docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -78,11 +78,17 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Two pytest processes at once, one per core: the modules that compute in the test's process, and the
+# rest (tests/lanes.py). NUMERICS_DEFAULT=1 (`.ci/run`) adds the `numerics` tests on torch's portable
+# kernels to the first lane. `make test-serial`: the suite as one pytest.
 test: install
+	$(BIN)/python -m tests.lanes -q $(if $(NUMERICS_DEFAULT),--numerics-default)
+
+test-serial: install
 	$(BIN)/python -m pytest -q
 
 # The tests marked `numerics` (their asserts depend on how the CPU's kernels round) once more, on
-# torch's portable kernels: what another CPU may compute. `.ci/run` runs it after `make test`.
+# torch's portable kernels: what another CPU may compute. `.ci/run` runs it in `make test NUMERICS_DEFAULT=1`.
 test-numerics-default: install
 	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q -m numerics
 

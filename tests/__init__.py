@@ -13,6 +13,7 @@ registers through `pytest_plugins`); the other modules that are not `test_*.py` 
 - readonly_fs: the `readonly://` fsspec protocol (a store that cannot be written)
 - machine: a free port on 127.0.0.1; a missing requirement skips the test, or fails it where CI is set
 - key_completeness, check_numerics: the cache keys' completeness walk, `make check-numerics`
+- lanes: `make test`, the suite as two pytest processes at once (which modules run in which lane)
 - reward_fixtures: reward functions the tests name by module, and a user's reward-function file
 """
 
