@@ -1,5 +1,6 @@
 """Shared helpers of the agent tests: a policy of the built-in agent model, episode requests, and
-`chatter`, a text environment that answers every action and never ends an episode itself."""
+`chatter`, a text environment that answers every action and never ends an episode itself, and
+`brittle`, a `chatter` that raises on its second turn (in world t0.0 always, in t0.1 once)."""
 
 from pathlib import Path
 from typing import Literal
@@ -42,6 +43,29 @@ class Chatter:
 
 
 CHATTER = register_environment(EnvironmentSpec(name="chatter", settings=ChatterSettings, make=Chatter, code_version="chatter-1"))
+
+
+class BrittleSettings(ChatterSettings):
+    name: Literal["brittle"] = "brittle"  # type: ignore[assignment]
+    marks: str = ""  # a folder where it marks the worlds it broke in (each trial's environment is a process of its own)
+
+
+class Brittle(Chatter):
+    """`chatter` that raises on its second turn: in world t0.0 always, in world t0.1 the first time."""
+
+    def __init__(self, settings, world, seed, sandbox):
+        super().__init__(settings, world, seed, sandbox)
+        self.world, self.marks = world.id, Path(settings.marks)
+
+    def step(self, action: str) -> Outcome:
+        mark = self.marks / self.world
+        if self.turns == 1 and (self.world == "t0.0" or (self.world == "t0.1" and not mark.exists())):
+            mark.touch()
+            raise OSError(f"brittle broke in world {self.world}")
+        return super().step(action)
+
+
+BRITTLE = register_environment(EnvironmentSpec(name="brittle", settings=BrittleSettings, make=Brittle, code_version="brittle-1"))
 
 
 def stage_of(

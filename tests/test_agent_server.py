@@ -18,7 +18,6 @@ which only the turn budget ends: every episode takes all its turns. Each test pr
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
 
 import pytest
 import torch
@@ -31,7 +30,6 @@ from dagster_rl.core.task import Endpoint, RolloutEnv, Weights, task_of
 from dagster_rl.sandbox.folders import OWNER
 from dagster_rl.store.artifact_store import ArtifactRef, ArtifactStore
 from dagster_rl.tasks.agent.chat import ChatTurns
-from dagster_rl.tasks.agent.environment import EnvironmentSpec, Outcome, register_environment
 from dagster_rl.tasks.agent.experiment import AgentExperiment, AgentRolloutSettings
 from dagster_rl.tasks.agent.loop import AgentLoop, plan_episodes
 from dagster_rl.tasks.agent.records import AgentTrajectory
@@ -42,7 +40,7 @@ from dagster_rl.tasks.lm.model.policy import checkpoint_bytes, load_policy
 from dagster_rl.tasks.lm.model.tiny import save_tiny_model
 from dagster_rl.tasks.lm.settings import ATTENTION_AND_MLP
 from dagster_rl.tasks.lm.weights import stored_weights
-from tests.agent_fixtures import CHATTER, Chatter, ChatterSettings, agent_settings, busy_policy
+from tests.agent_fixtures import BRITTLE, CHATTER, agent_settings, busy_policy
 from tests.lm_fixtures import ON_POLICY_ROUNDING
 from tests.serve_process import ServeProcess
 from tests.settings import shipped_settings
@@ -58,29 +56,6 @@ def agent_serve(tmp_path_factory) -> Iterator[ServeProcess]:
         tmp_path_factory.mktemp("serve"), model="builtin:tiny-qwen2-agent", adapter_roots=[str(tmp_path_factory.getbasetemp())]
     ) as s:
         yield s
-
-
-class BrittleSettings(ChatterSettings):
-    name: Literal["brittle"] = "brittle"  # type: ignore[assignment]
-    marks: str = ""  # a folder where it marks the worlds it broke in (each trial's environment is a process of its own)
-
-
-class Brittle(Chatter):
-    """`chatter` that raises on its second turn: in world t0.0 always, in world t0.1 the first time."""
-
-    def __init__(self, settings, world, seed, sandbox):
-        super().__init__(settings, world, seed, sandbox)
-        self.world, self.marks = world.id, Path(settings.marks)
-
-    def step(self, action: str) -> Outcome:
-        mark = self.marks / self.world
-        if self.turns == 1 and (self.world == "t0.0" or (self.world == "t0.1" and not mark.exists())):
-            mark.touch()
-            raise OSError(f"brittle broke in world {self.world}")
-        return super().step(action)
-
-
-BRITTLE = register_environment(EnvironmentSpec(name="brittle", settings=BrittleSettings, make=Brittle, code_version="brittle-1"))
 
 
 def experiment(base_model: str, environment: str = CHATTER.name, timeout_s: float = 600.0, **settings: str) -> AgentExperiment:

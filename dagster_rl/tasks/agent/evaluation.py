@@ -2,9 +2,14 @@
 
 `success`: the fraction of episodes the environment judged successful (for `secret_search`: the
 right digest answered within the turn budget); `mean_turns`: the actions an episode took, on
-average over all of them (a failed episode counts the turns it used); `mean_reward`: the rubric's;
+average over all of them; `mean_reward`: the rubric's;
 `tool_call_share` (environments that run programs): the fraction of episodes that ran one.
-An episode whose environment failed counts as a failure with the whole turn budget.
+
+An episode whose environment failed (its process died, its sandbox could not be made, it outlived
+its trial's timeout) is played again, from its first turn, up to `max_retries` times: greedy
+decoding makes the same episode again. One that fails every attempt fails the evaluation
+(`EvaluationFailed`, naming each trial and its error): nothing is stored, and a re-run of the step
+evaluates again. A failure is never scored as the policy's.
 """
 
 from collections import Counter
@@ -13,7 +18,8 @@ from pathlib import Path
 
 from pydantic import Field
 
-from dagster_rl.core.records import Record
+from dagster_rl.base.errors import DagsterRLError
+from dagster_rl.core.records import Record, TrialFailed
 from dagster_rl.sandbox.placement import Sandboxes
 from dagster_rl.tasks.agent.chat import ChatTurns
 from dagster_rl.tasks.agent.environment import World, environment_of
@@ -21,7 +27,7 @@ from dagster_rl.tasks.agent.episode import stage
 from dagster_rl.tasks.agent.experiment import AgentExperiment
 from dagster_rl.tasks.agent.judge import judge
 from dagster_rl.tasks.agent.records import AgentTrajectory, EpisodeRequest
-from dagster_rl.tasks.agent.rollout_hf import run_episodes
+from dagster_rl.tasks.agent.rollout_hf import Outcome, run_episodes
 from dagster_rl.tasks.lm.model.policy import Policy
 
 
@@ -32,9 +38,12 @@ class AgentEvaluation(Record):
     mean_turns: float
     mean_reward: float
     end_reasons: dict[str, int]
-    failed: int  # episodes whose environment failed
     # environments that run programs: the share of episodes that ran one (absent otherwise)
     tool_call_share: float | None = Field(None, exclude_if=lambda share: share is None)
+
+
+class EvaluationFailed(DagsterRLError):
+    """Held-out episodes failed on every attempt: the evaluation is not stored."""
 
 
 def evaluate(
@@ -44,6 +53,7 @@ def evaluate(
     sandbox_root: Path,
     sandboxes: Sandboxes | None,
     weights_hash: str = "",
+    max_retries: int = 2,
 ) -> AgentEvaluation:
     """Greedy episodes of the policy on `worlds` (the held-out ones: `exp.heldout_worlds()`)."""
     greedy = exp.turn_sampling.model_copy(update={"temperature": 0.0})
@@ -51,19 +61,31 @@ def evaluate(
         EpisodeRequest(trial_id=w.id, step=-1, prompt=i, sample=0, world_id=w.id, world_seed=w.seed, seed=0)
         for i, w in enumerate(worlds)
     ]
-    max_turns = exp.task.episode.max_turns
-    outcomes = run_episodes(policy, requests, stage(exp, ChatTurns.of(policy.tokenizer), sandbox_root, sandboxes), greedy)
-    played = [o for o in outcomes if isinstance(o, AgentTrajectory)]
-    rewards = [judge(t, exp.rubric, max_turns) for t in played]
-    n, failed = len(outcomes), len(outcomes) - len(played)
+    episodes = stage(exp, ChatTurns.of(policy.tokenizer), sandbox_root, sandboxes)
+    done: dict[str, Outcome] = {}
+    pending = requests
+    for _ in range(max_retries + 1):
+        done.update((o.trial_id, o) for o in run_episodes(policy, pending, episodes, greedy))
+        pending = [r for r in pending if isinstance(done[r.trial_id], TrialFailed)]
+        if not pending:
+            break
+    failed = [o for o in (done[r.trial_id] for r in pending) if isinstance(o, TrialFailed)]
+    if failed:
+        errors = "; ".join(f"{f.trial_id}: {f.error}" for f in failed)
+        raise EvaluationFailed(
+            f"{len(failed)} of {len(requests)} held-out episodes failed on each of {max_retries + 1} attempts, so the "
+            f"evaluation is not stored (a re-run of the step evaluates again): {errors}"
+        )
+    played = [o for o in (done[r.trial_id] for r in requests) if isinstance(o, AgentTrajectory)]
+    rewards = [judge(t, exp.rubric, exp.task.episode.max_turns) for t in played]
+    n = len(played)
     return AgentEvaluation(
         weights_hash=weights_hash,
         n=n,
         success=sum(r.correct for r in rewards) / n,
-        mean_turns=(sum(r.turns for r in rewards) + failed * max_turns) / n,
+        mean_turns=sum(r.turns for r in rewards) / n,
         mean_reward=sum(r.reward for r in rewards) / n,
         end_reasons=dict(sorted(Counter(t.end_reason for t in played).items())),
-        failed=failed,
         tool_call_share=(
             sum(any(turn.calls for turn in t.turns) for t in played) / n
             if environment_of(exp.task.environment.name).runs_programs

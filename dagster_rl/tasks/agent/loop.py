@@ -43,7 +43,9 @@ CODE_VERSIONS = {
     "warmup": "agent-sft-1",
     "rollouts": "agent-hf-rollouts-2",  # 2: hf turns continue the KV cache of the turn before (other float rounding)
     "rewards": "agent-rubric-1",
-    "evaluation": "agent-greedy-eval-2",  # 2: its greedy turns continue the KV cache (a tie may break otherwise)
+    # 2: its greedy turns continue the KV cache (a tie may break otherwise); 3: an episode that failed is played again,
+    # and one that fails every attempt fails the evaluation (it was stored as a failed episode: `failed`)
+    "evaluation": "agent-greedy-eval-3",
 }
 
 
@@ -335,7 +337,6 @@ class AgentLoop(LMLoop):
                 "base_success": base_scored.success,
                 **tool_shares(scored, start=start, base=base_scored),
                 "n_worlds": scored.n,
-                "failed_episodes": scored.failed,
                 "weights_version": weights.version,
                 "eval_s": time.monotonic() - t0,
             },
