@@ -151,6 +151,7 @@ class Episode:
         self.env: Any = None
         self.sandbox_seconds = 0.0
         self.call_seconds: list[list[float]] = []  # per turn, each program's wall time
+        self.programs = 0  # programs its environment ran (counted in `programs_run`)
         try:
             world = World(request.world_id, request.world_seed)
             if stage.isolated:
@@ -171,6 +172,7 @@ class Episode:
             self.first_observation = self._bounded(self.env.reset(), 0)
             setup = self.env.calls()  # programs that make() or reset() ran
             counters.bump("programs_run", len(setup))
+            self.programs += len(setup)
             self.sandbox_seconds += sum(c.seconds for _, c in setup)
             self.prompt_ids = self.chat.prompt(self.first_observation)
         except BaseException:
@@ -215,6 +217,7 @@ class Episode:
 
     def _account(self, calls: list[tuple[Program, Call]]) -> list[ToolCall]:
         counters.bump("programs_run", len(calls))
+        self.programs += len(calls)
         self.call_seconds.append([c.seconds for _, c in calls])
         self.sandbox_seconds += sum(c.seconds for _, c in calls)
         return [tool_call(p, c) for p, c in calls]
@@ -231,6 +234,7 @@ class Episode:
         self.logprobs += logprobs
         action = str(self.chat.tokenizer.decode(sampled, skip_special_tokens=True))  # one sequence: one string
         outcome, returned, calls = self.env.step(action)
+        tool_calls = self._account(calls)  # what ran is counted even when the turn fails below
         observation = self._bounded(returned, len(self.turns) + 1)
         end = len(self.completion)
         if outcome.done:
@@ -251,7 +255,7 @@ class Episode:
                 tool=outcome.tool,
                 argument=outcome.argument,
                 observation=observation,
-                calls=self._account(calls),
+                calls=tool_calls,
             )
         )
         self.check_time()

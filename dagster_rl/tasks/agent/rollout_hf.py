@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dagster_rl.base import counters
 from dagster_rl.base.retries import describe
 from dagster_rl.core.records import TrialFailed
 from dagster_rl.tasks.agent.episode import Episode, Stage
@@ -98,6 +99,7 @@ def run_episodes(
                 return episode.trajectory(sampling.temperature, sampling.top_p, policy.version)
         except Exception as e:
             fail(episode.request, e)
+            counters.bump("programs_of_failed_trials", episode.programs)  # run again when the trial is
         finally:
             environment_s[episode.request.trial_id] = environment_s.get(episode.request.trial_id, 0.0) + time.monotonic() - t0
         return None
