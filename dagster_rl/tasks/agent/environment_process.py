@@ -102,6 +102,7 @@ class EnvironmentProcess:
         preload = [*plugins, (module_of(spec), None)]
         args = (spec.name, settings.model_dump_json(), world, seed, folder, sandboxes, label, max_observation_chars, identity())
         self.pid, sock = Host.get().fork(f"{__name__}:serve", preload, args)
+        self._pidfd = _pidfd_of(self.pid)
         self._conn = Connection(sock.detach())
         try:
             self._call("made")
@@ -159,12 +160,34 @@ class EnvironmentProcess:
         self.kill()
 
     def kill(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        """SIGKILL the child through its pidfd: the host's children are reaped the moment they exit, so
+        a child that already left may have handed its pid to another process, which `kill(pid)` would hit."""
+        if self._pidfd is not None:
+            if self._pidfd >= 0:
+                try:
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                os.close(self._pidfd)
+                self._pidfd = -1
+        else:  # no pidfds here (not Linux, or older than 5.3)
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         if not self._conn.closed:
             self._conn.close()
+
+
+def _pidfd_of(pid: int) -> int | None:
+    """A pidfd of the child (it waits for its first call: its pid is still its own); -1 when it has
+    already exited (nothing to kill); None where there are no pidfds."""
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return -1
+    except (AttributeError, OSError):
+        return None
 
 
 def _watch_parent(parent: str) -> None:
