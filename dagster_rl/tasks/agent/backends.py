@@ -4,21 +4,20 @@ The trainer backends are the language-model task's (`dagster_rl.tasks.lm.backend
 process, under torchrun or on pods): they read a trajectory's mask as they read a completion.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dagster_rl.base import counters
 from dagster_rl.base.faults import flaky_trials
 from dagster_rl.base.retries import Limits
-from dagster_rl.core.records import TrialFailed
 from dagster_rl.core.task import Weights
 from dagster_rl.sandbox.placement import Sandboxes
 from dagster_rl.tasks.agent.chat import ChatTurns
 from dagster_rl.tasks.agent.episode import stage
 from dagster_rl.tasks.agent.experiment import AgentExperiment
 from dagster_rl.tasks.agent.records import AgentTrajectory, EpisodeRequest
-from dagster_rl.tasks.agent.rollout_hf import Outcome, TrialTimes, run_episodes
+from dagster_rl.tasks.agent.rollout_hf import Outcome, TrialTimes, run_with_retries
 from dagster_rl.tasks.lm.backends import PolicyCache
 
 
@@ -45,15 +44,11 @@ class AgentHFRollouts:
         `on_done(trajectory)` as each trajectory ends; `times[trial]`: where each trial's time went."""
         with self.policies.use(exp, behavior.payload) as policy:
             episodes = stage(exp, ChatTurns.of(policy.tokenizer), self.sandbox_root, self.sandboxes)
-            done: dict[str, Outcome] = {}
-            pending = list(requests)
-            for attempt in range(self.limits.max_retries + 1):
-                if not pending:
-                    break
+
+            def attempt(pending: list[EpisodeRequest], n: int) -> tuple[list[EpisodeRequest], Mapping[str, BaseException]]:
                 counters.bump("trials_executed", len(pending))
-                healthy, injected = flaky_trials(pending, exp.faults.flaky_trial_rate, attempt, exp.seed)
-                done.update((t, TrialFailed(trial_id=t, error=repr(e))) for t, e in injected.items())
-                outcomes = run_episodes(policy, healthy, episodes, exp.turn_sampling, on_done, times=times)
-                done.update((o.trial_id, o) for o in outcomes)
-                pending = [r for r in pending if isinstance(done[r.trial_id], TrialFailed)]
-            return [done[r.trial_id] for r in requests]
+                return flaky_trials(pending, exp.faults.flaky_trial_rate, n, exp.seed)
+
+            return run_with_retries(
+                policy, requests, episodes, exp.turn_sampling, self.limits.max_retries, on_done, times, attempt
+            )

@@ -27,7 +27,7 @@ from dagster_rl.tasks.agent.episode import stage
 from dagster_rl.tasks.agent.experiment import AgentExperiment
 from dagster_rl.tasks.agent.judge import judge
 from dagster_rl.tasks.agent.records import AgentTrajectory, EpisodeRequest
-from dagster_rl.tasks.agent.rollout_hf import Outcome, run_episodes
+from dagster_rl.tasks.agent.rollout_hf import run_with_retries
 from dagster_rl.tasks.lm.model.policy import Policy
 
 
@@ -62,21 +62,15 @@ def evaluate(
         for i, w in enumerate(worlds)
     ]
     episodes = stage(exp, ChatTurns.of(policy.tokenizer), sandbox_root, sandboxes)
-    done: dict[str, Outcome] = {}
-    pending = requests
-    for _ in range(max_retries + 1):
-        done.update((o.trial_id, o) for o in run_episodes(policy, pending, episodes, greedy))
-        pending = [r for r in pending if isinstance(done[r.trial_id], TrialFailed)]
-        if not pending:
-            break
-    failed = [o for o in (done[r.trial_id] for r in pending) if isinstance(o, TrialFailed)]
+    outcomes = run_with_retries(policy, requests, episodes, greedy, max_retries)
+    failed = [o for o in outcomes if isinstance(o, TrialFailed)]
     if failed:
         errors = "; ".join(f"{f.trial_id}: {f.error}" for f in failed)
         raise EvaluationFailed(
             f"{len(failed)} of {len(requests)} held-out episodes failed on each of {max_retries + 1} attempts, so the "
             f"evaluation is not stored (a re-run of the step evaluates again): {errors}"
         )
-    played = [o for o in (done[r.trial_id] for r in requests) if isinstance(o, AgentTrajectory)]
+    played = [o for o in outcomes if isinstance(o, AgentTrajectory)]
     rewards = [judge(t, exp.rubric, exp.task.episode.max_turns) for t in played]
     n = len(played)
     return AgentEvaluation(

@@ -19,7 +19,7 @@ the others still generate); `times[trial_id]` receives each trial's sandbox time
 """
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -99,7 +99,7 @@ def run_episodes(
                 return episode.trajectory(sampling.temperature, sampling.top_p, policy.version)
         except Exception as e:
             fail(episode.request, e)
-            counters.bump("programs_of_failed_trials", episode.programs)  # run again when the trial is
+            counters.bump("programs_of_failed_trials", episode.programs)  # they run again when the trial is retried
         finally:
             environment_s[episode.request.trial_id] = environment_s.get(episode.request.trial_id, 0.0) + time.monotonic() - t0
         return None
@@ -126,6 +126,35 @@ def run_episodes(
             for episode in batch.episodes:
                 episode.close()
     return [outcomes[r.trial_id] for r in requests]
+
+
+Attempt = Callable[[list[EpisodeRequest], int], tuple[list[EpisodeRequest], Mapping[str, BaseException]]]
+
+
+def run_with_retries(
+    policy: Policy,
+    requests: Sequence[EpisodeRequest],
+    stage: Stage,
+    sampling: SamplingSettings,
+    max_retries: int,
+    on_done: Callable[[AgentTrajectory], None] | None = None,
+    times: dict[str, TrialTimes] | None = None,
+    attempt: Attempt | None = None,
+) -> list[Outcome]:
+    """`run_episodes`, with each failed trial played again from its first turn, up to `max_retries`
+    times: one outcome per request, in their order, its trajectory or how its last attempt failed.
+    `attempt(pending, n)`, when given, is called before attempt n: the trials it plays, and the
+    failures it injects instead of playing the others (`faults.flaky_trial_rate`)."""
+    done: dict[str, Outcome] = {}
+    pending = list(requests)
+    for n in range(max_retries + 1):
+        if not pending:
+            break
+        healthy, injected = attempt(pending, n) if attempt is not None else (pending, {})
+        done.update((t, TrialFailed(trial_id=t, error=repr(e))) for t, e in injected.items())
+        done.update((o.trial_id, o) for o in run_episodes(policy, healthy, stage, sampling, on_done, times=times))
+        pending = [r for r in pending if isinstance(done[r.trial_id], TrialFailed)]
+    return [done[r.trial_id] for r in requests]
 
 
 class TurnBatch:
